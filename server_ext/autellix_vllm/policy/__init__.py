@@ -1,0 +1,61 @@
+"""The scheduling policy core: plain Python, no vLLM import.
+
+The vLLM scheduler, the router and the simulator all drive these objects, so
+the scheduling math exists exactly once:
+
+* :class:`ProcessTable` (``table``): programs, threads, calls and their counters;
+* policies (``policies``): FCFS, MLFQ, PLAS, ATLAS, Autellix and the SRPT oracle;
+* :class:`ProgramScheduler` (``core``): levels, demotion, anti-starvation and
+  preemption choices around a policy;
+* balancers (``routing``): the locality-aware rule and its baselines.
+"""
+
+from .config import Levels, PolicyConfig, ServiceMeter
+from .core import Counters, ProgramScheduler
+from .policies import ATLAS, FCFS, MLFQ, PLAS, POLICY_NAMES, SRPT, Autellix, Policy, make_policy
+from .queue import WaitQueue
+from .routing import (
+    BALANCER_NAMES,
+    Balancer,
+    ConsistentHash,
+    EngineLoad,
+    LeastUsed,
+    Locality,
+    RoundRobin,
+    Route,
+    make_balancer,
+)
+from .table import MAIN_THREAD, Call, CallState, ProcessTable, Program, Thread
+
+__all__ = [
+    "ATLAS",
+    "BALANCER_NAMES",
+    "FCFS",
+    "MAIN_THREAD",
+    "MLFQ",
+    "PLAS",
+    "POLICY_NAMES",
+    "SRPT",
+    "Autellix",
+    "Balancer",
+    "Call",
+    "CallState",
+    "ConsistentHash",
+    "Counters",
+    "EngineLoad",
+    "LeastUsed",
+    "Levels",
+    "Locality",
+    "Policy",
+    "PolicyConfig",
+    "ProcessTable",
+    "Program",
+    "ProgramScheduler",
+    "RoundRobin",
+    "Route",
+    "ServiceMeter",
+    "Thread",
+    "WaitQueue",
+    "make_balancer",
+    "make_policy",
+]

@@ -1,0 +1,129 @@
+"""Tunable parameters of the scheduling policy and the unit of attained service.
+
+The paper leaves K, the level boundaries, the quanta and beta unspecified; the
+defaults here were chosen by simulator sweeps (docs/scheduling.md shows them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+ServiceUnit = Literal["tokens", "time"]
+AtlasVariant = Literal["program", "thread"]
+
+# Default level boundaries in service units (token equivalents): Q1 holds programs
+# that have attained less than 128 tokens of service, Q2 less than 512, ...; the
+# growth factor 4 and K = 6 were chosen by `autellix simulate sweep` (see docs).
+DEFAULT_BOUNDARIES: tuple[float, ...] = (0.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0)
+
+
+@dataclass(frozen=True)
+class Levels:
+    """K priority levels: level i holds service in ``[boundaries[i], boundaries[i+1])``.
+
+    ``quanta[i]`` is how much service a call may attain in level i before it is
+    demoted to level i + 1. By default a level's quantum is its width, so a call's
+    level tracks its program's service plus its own; the last level never demotes.
+    """
+
+    boundaries: tuple[float, ...] = DEFAULT_BOUNDARIES
+    quanta: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        b = self.boundaries
+        if not b or b[0] != 0:
+            raise ValueError("level boundaries must start at 0")
+        if any(hi <= lo for lo, hi in zip(b, b[1:], strict=False)):
+            raise ValueError(f"level boundaries must increase strictly: {list(b)}")
+        if not self.quanta:
+            widths = tuple(hi - lo for lo, hi in zip(b, b[1:], strict=False)) + (math.inf,)
+            object.__setattr__(self, "quanta", widths)
+        if len(self.quanta) != len(b):
+            raise ValueError("one quantum per level is needed")
+        if any(q <= 0 for q in self.quanta):
+            raise ValueError("quanta must be positive")
+
+    @classmethod
+    def geometric(cls, k: int, first: float, growth: float) -> Levels:
+        """``k`` levels whose upper edges are ``first * growth**i``."""
+        if k < 1 or first <= 0 or growth <= 1:
+            raise ValueError("need k >= 1, first > 0 and growth > 1")
+        return cls(boundaries=(0.0,) + tuple(first * growth**i for i in range(k - 1)))
+
+    @classmethod
+    def unit(cls, k: int) -> Levels:
+        """Levels one service unit wide: the level is the service itself (up to k - 1).
+
+        With these, PLAS ranks a call by its program's completed service plus its
+        own, re-evaluated after every unit, as in the paper's Figure 2 example.
+        """
+        return cls(boundaries=tuple(float(i) for i in range(k)))
+
+    def __len__(self) -> int:
+        return len(self.boundaries)
+
+    def level_of(self, service: float) -> int:
+        """The level a call enters when its program has attained ``service``."""
+        b = self.boundaries
+        lo, hi = 0, len(b) - 1
+        while lo < hi:  # last boundary <= service
+            mid = (lo + hi + 1) // 2
+            if b[mid] <= service:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+@dataclass(frozen=True)
+class ServiceMeter:
+    """Turns the work an engine did for a call into attained service.
+
+    ``tokens`` (default): token equivalents, one per decoded token plus
+    ``prefill_weight`` per prefilled token. It is what the engine, the router and
+    the simulator can all count the same way, independent of hardware and load.
+    ``time``: seconds of engine step time, the paper's definition; each step's
+    duration is split among the calls in it by their share of the step's tokens.
+    """
+
+    unit: ServiceUnit = "tokens"
+    prefill_weight: float = 0.0625
+
+    def __post_init__(self) -> None:
+        if self.unit not in ("tokens", "time"):
+            raise ValueError(f"unknown service unit {self.unit!r}")
+        if self.prefill_weight < 0:
+            raise ValueError("prefill_weight must be >= 0")
+
+    def amount(self, decode_tokens: int, prefill_tokens: int, seconds: float = 0.0) -> float:
+        if self.unit == "time":
+            return seconds
+        return decode_tokens + self.prefill_weight * prefill_tokens
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything that parameterises a policy; shared by engine, router and simulator."""
+
+    levels: Levels = field(default_factory=Levels)
+    meter: ServiceMeter = field(default_factory=ServiceMeter)
+    # Anti-starvation: promote a waiting call to the top level once
+    # (program wait + call wait) / (program service + call service) >= beta.
+    # Waiting is counted in the same unit as service (engine steps for the token
+    # unit, since one step decodes one token per call; seconds for the time unit).
+    beta: float = 16.0
+    # Guard for the ratio's denominator: a program with no service yet.
+    min_service: float = 1.0
+    atlas_variant: AtlasVariant = "thread"
+    # Programs with no active call are dropped this long after their last activity.
+    idle_ttl_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ValueError("beta must be positive")
+        if self.atlas_variant not in ("program", "thread"):
+            raise ValueError(f"unknown ATLAS variant {self.atlas_variant!r}")
+        if self.idle_ttl_s <= 0:
+            raise ValueError("idle_ttl_s must be positive")

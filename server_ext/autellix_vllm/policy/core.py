@@ -1,0 +1,345 @@
+"""The program-aware scheduler core, shared by the vLLM engine and the simulator.
+
+The engine (or simulator) owns the batch; this core owns every decision about
+order. The life of a call, and the method the engine calls at each point:
+
+    add_call   a call arrives: register it in the process table, give it a level
+    enqueue    it waits (on arrival, and again after a preemption)
+    pop/peek   the engine admits the best waiting call into the batch
+    start      it runs: its waiting stops counting
+    charge     each step: it attained service; it may be demoted a level
+    victims    each step: running calls a better waiting call should displace
+    preempt    a victim goes back to waiting
+    finish     it completed (or was aborted): its program's service is updated
+    advance    each step: the wait clock moves; starving calls are promoted
+
+Waiting is measured on a *wait clock* in the unit of service: engine steps for
+the token unit (a running call decodes one token per step) and seconds for the
+time unit, so the anti-starvation ratio compares like with like.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import PolicyConfig
+from .policies import Policy
+from .queue import WaitQueue
+from .table import Call, CallState, ProcessTable, Program
+
+# The table is swept for idle programs at most this often (seconds).
+_EVICT_INTERVAL_S = 1.0
+
+
+@dataclass
+class Counters:
+    preemptions: int = 0
+    promotions: int = 0
+    demotions: int = 0
+    calls_admitted: int = 0
+    calls_finished: int = 0
+    calls_aborted: int = 0
+
+
+class ProgramScheduler:
+    """Ranks calls by their program's attained service (PLAS/ATLAS and baselines)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        config: PolicyConfig | None = None,
+        table: ProcessTable | None = None,
+    ) -> None:
+        self.policy = policy
+        self.config = config or PolicyConfig()
+        self.levels = self.config.levels
+        self.meter = self.config.meter
+        self.table = table or ProcessTable(self.config.idle_ttl_s)
+        self.waiting = WaitQueue()
+        self.counters = Counters()
+        self.clock = 0.0
+        self._seq = itertools.count()
+        self._starving: list[tuple[float, int, int, Call]] = []  # (deadline, seq, version, call)
+        self._next_evict_s = 0.0
+
+    # ---- arrival -----------------------------------------------------------------
+
+    def add_call(
+        self,
+        call_id: str,
+        program_id: str,
+        now_s: float,
+        thread_id: str | None = None,
+        parent_thread_id: str | None = None,
+        prior_service: float = 0.0,
+        prompt_tokens: int = 0,
+        payload: Any = None,
+    ) -> Call:
+        """Register a newly arrived call; it enters the level of its program's service."""
+        program = self.table.open(program_id, now_s)
+        program.last_arrival_s = now_s
+        program.attained_service = max(program.attained_service, prior_service)
+        thread = program.thread(thread_id, parent_thread_id)
+        call = Call(call_id, program, thread, now_s, prompt_tokens=prompt_tokens, payload=payload)
+        call.seq = next(self._seq)
+        call.base = self.policy.base(call)
+        if self.policy.uses_levels:
+            call.level = self.levels.level_of(call.base)
+            call.quantum_left = self.levels.quanta[call.level]
+        program.active_calls[call_id] = call
+        thread.active_calls += 1
+        thread.calls += 1
+        self.counters.calls_admitted += 1
+        return call
+
+    # ---- the wait queue ----------------------------------------------------------
+
+    def rank(self, call: Call) -> tuple[float, int]:
+        return self.policy.rank(call)
+
+    def enqueue(self, call: Call) -> None:
+        """The call waits: on arrival, or after a preemption."""
+        call.state = CallState.WAITING
+        call.wait_started = self.clock
+        self.waiting.push(call, self.policy.rank(call))
+        self._watch_starvation(call)
+
+    def peek(self) -> Call | None:
+        return self.waiting.peek()
+
+    def pop(self) -> Call:
+        return self.waiting.pop()
+
+    def remove(self, call: Call) -> bool:
+        return self.waiting.remove(call)
+
+    def start(self, call: Call) -> None:
+        """The call was admitted into the batch: its waiting stops here."""
+        self.waiting.remove(call)
+        self._stop_waiting(call)
+        call.state = CallState.RUNNING
+
+    # ---- each step ----------------------------------------------------------------
+
+    def advance(self, now_s: float, steps: float = 1.0) -> None:
+        """Move the wait clock by ``steps`` engine steps (or to ``now_s`` in time units)."""
+        self.clock = now_s if self.meter.unit == "time" else self.clock + steps
+        self._promote_starving()
+        if now_s >= self._next_evict_s:
+            self._next_evict_s = now_s + _EVICT_INTERVAL_S
+            self.table.evict_idle(now_s)
+
+    def charge(
+        self, call: Call, decode_tokens: int = 0, prefill_tokens: int = 0, seconds: float = 0.0
+    ) -> None:
+        """Account the work one step did for ``call``; demote it when its quantum is spent."""
+        amount = self.meter.amount(decode_tokens, prefill_tokens, seconds)
+        if amount <= 0:
+            return
+        call.service += amount
+        call.starve_service += amount
+        if not self.policy.uses_levels:
+            return
+        call.quantum_left -= amount
+        last = len(self.levels) - 1
+        while call.quantum_left <= 0 and call.level < last:
+            call.level += 1
+            call.quantum_left += self.levels.quanta[call.level]
+            call.seq = next(self._seq)  # it joins the tail of its new level
+            self.counters.demotions += 1
+            self.waiting.rerank(call, self.policy.rank(call))
+
+    def next_demotion(self, call: Call) -> float:
+        """Service ``call`` can still attain before its next demotion (inf if none)."""
+        if not self.policy.uses_levels or call.level >= len(self.levels) - 1:
+            return float("inf")
+        return max(call.quantum_left, 0.0)
+
+    def outranks(self, waiter: Call, victim: Call) -> bool:
+        return self.policy.outranks(waiter, victim)
+
+    def worst(self, running: Iterable[Call]) -> Call:
+        """The running call to preempt first: the worst rank."""
+        return max(running, key=self.policy.rank)
+
+    def victims(self, running: Sequence[Call], free_seats: int) -> list[Call]:
+        """Running calls that better waiting calls should displace from a full batch.
+
+        The best ``free_seats`` waiters take the free seats; each waiter after them
+        displaces the worst remaining running call if it outranks it (a strictly
+        better level), so preemption never happens within a level.
+        """
+        if not self.waiting or not running:
+            return []
+        free_seats = max(free_seats, 0)
+        waiters = self.waiting.best(free_seats + 1)
+        if len(waiters) <= free_seats:
+            return []
+        worst = self.worst(running)
+        if not self.policy.outranks(waiters[free_seats], worst):
+            return []
+        # At least one preemption: pair the waiters, best first, with the running
+        # calls, worst first, while the waiter is better.
+        by_badness = sorted(running, key=self.policy.rank, reverse=True)
+        waiters = self.waiting.best(free_seats + len(by_badness))[free_seats:]
+        chosen = []
+        for waiter, victim in zip(waiters, by_badness, strict=False):
+            if not self.policy.outranks(waiter, victim):
+                break
+            chosen.append(victim)
+        return chosen
+
+    def preempt(self, call: Call) -> None:
+        """A running call was evicted from the batch: it waits again."""
+        call.preemptions += 1
+        self.counters.preemptions += 1
+        self.enqueue(call)
+
+    # ---- completion ---------------------------------------------------------------
+
+    def finish(self, call: Call, now_s: float, aborted: bool = False) -> None:
+        """A call completed (or was aborted): fold its service into its program."""
+        if call.state is CallState.FINISHED:
+            return
+        if call.state is CallState.WAITING:
+            self.waiting.remove(call)
+            self._stop_waiting(call)
+        call.state = CallState.FINISHED
+        program = call.program
+        charged = program.remember_completion(call.call_id, call.service)
+        program.attained_service += charged
+        program.wait += call.total_wait
+        program.last_completion_s = now_s
+        program.calls_completed += 1
+        self.policy.complete(call, charged)
+        if program.active_calls.get(call.call_id) is call:
+            del program.active_calls[call.call_id]
+        call.thread.active_calls -= 1
+        self.counters.calls_finished += 1
+        if aborted:
+            self.counters.calls_aborted += 1
+        self._after_progress(program)
+        self.table.release_if_done(program)
+
+    def end_program(self, program_id: str) -> bool:
+        """End a program (the client said so); its in-flight calls still complete."""
+        return self.table.end(program_id)
+
+    # ---- anti-starvation ---------------------------------------------------------
+
+    def _watch_starvation(self, call: Call) -> None:
+        # Calls already in the top level have nowhere to be promoted to.
+        if not self.policy.uses_levels or call.level == 0 or call.wait_started is None:
+            return
+        deadline = self._starvation_deadline(call)
+        heapq.heappush(self._starving, (deadline, call.seq, call.queue_version, call))
+
+    def _starvation_deadline(self, call: Call) -> float:
+        """Wait-clock time at which (W_p + W_c) / (T_p + T_c) reaches beta."""
+        cfg = self.config
+        served = max(call.base + call.starve_service, cfg.min_service)
+        waited = call.program.wait + call.starve_wait
+        assert call.wait_started is not None
+        return call.wait_started + cfg.beta * served - waited
+
+    def _promote_starving(self) -> None:
+        heap = self._starving
+        while heap and heap[0][0] <= self.clock:
+            _, _, version, call = heapq.heappop(heap)
+            if not call.queued or version != call.queue_version or call.level == 0:
+                continue  # stale: the call was admitted, re-ranked or finished since
+            deadline = self._starvation_deadline(call)
+            if deadline > self.clock:  # its program gained service meanwhile
+                heapq.heappush(heap, (deadline, call.seq, call.queue_version, call))
+                continue
+            self._promote(call)
+
+    def _promote(self, call: Call) -> None:
+        """Move a starving call to the top level; only the call's counters reset."""
+        call.level = 0
+        call.quantum_left = self.levels.quanta[0]
+        call.seq = next(self._seq)
+        call.total_wait += self.clock - (call.wait_started or self.clock)
+        call.wait_started = self.clock
+        call.starve_wait = 0.0
+        call.starve_service = 0.0
+        call.promotions += 1
+        self.counters.promotions += 1
+        self.waiting.rerank(call, self.policy.rank(call))
+
+    def _stop_waiting(self, call: Call) -> None:
+        if call.wait_started is not None:
+            waited = self.clock - call.wait_started
+            call.starve_wait += waited
+            call.total_wait += waited
+            call.wait_started = None
+
+    def _after_progress(self, program: Program) -> None:
+        """A call of ``program`` finished: its waiting siblings may rank differently."""
+        for sibling in program.active_calls.values():
+            if sibling.queued:
+                if self.policy.rerank_on_progress(program):
+                    self.waiting.rerank(sibling, self.policy.rank(sibling))
+                # The program's wait grew, so a sibling may starve sooner.
+                self._watch_starvation(sibling)
+
+    # ---- reporting -----------------------------------------------------------------
+
+    def wait_of(self, call: Call) -> float:
+        """All the waiting of ``call`` so far, including the current stretch."""
+        current = self.clock - call.wait_started if call.wait_started is not None else 0.0
+        return call.total_wait + current
+
+    def snapshot(self, now_s: float) -> dict[str, Any]:
+        """A plain-data view of the table (for the engine's table endpoint)."""
+        depth = [0] * len(self.levels)
+        for call in self.waiting:
+            depth[min(call.level, len(depth) - 1)] += 1
+        programs = []
+        for program in self.table:
+            active = list(program.active_calls.values())
+            programs.append(
+                {
+                    "program_id": program.program_id,
+                    "name": program.name,
+                    "engine": program.engine,
+                    "threads": len(program.threads),
+                    "active_calls": len(active),
+                    "calls_completed": program.calls_completed,
+                    "attained_service": program.attained_service,
+                    "critical_path": program.critical_path,
+                    "waiting_time": program.wait + sum(self.wait_of(c) for c in active),
+                    "level": min((c.level for c in active), default=None),
+                    "last_arrival_s": program.last_arrival_s,
+                    "last_completion_s": program.last_completion_s,
+                    "age_s": now_s - program.created_s,
+                    "calls": [
+                        {
+                            "call_id": c.call_id,
+                            "thread_id": c.thread.thread_id,
+                            "parent_thread_id": c.thread.parent.thread_id
+                            if c.thread.parent
+                            else None,
+                            "state": c.state.value,
+                            "level": c.level,
+                            "service": c.service,
+                            "waiting_time": self.wait_of(c),
+                            "preemptions": c.preemptions,
+                            "promotions": c.promotions,
+                        }
+                        for c in active
+                    ],
+                }
+            )
+        return {
+            "policy": self.policy.name,
+            "service_unit": self.meter.unit,
+            "programs": programs,
+            "queue_depth": depth,
+            "waiting": len(self.waiting),
+            **vars(self.counters),
+        }

@@ -1,0 +1,179 @@
+"""The scheduling policies: each says where a call starts and how completions count.
+
+A policy is small on purpose. The shared mechanics (levels, demotion by quantum,
+anti-starvation, preemption across levels) live in :mod:`.core`; a policy only
+answers four questions:
+
+* ``base(call)``: the service a call inherits on arrival (its starting level);
+* ``complete(call, charged)``: how a finished call changes its program's priority;
+* ``rank(call)``: the sort key, smaller served first;
+* ``outranks(waiter, victim)``: may a waiting call preempt a running one?
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from .config import AtlasVariant
+from .table import Call, Program
+
+
+class Policy(ABC):
+    name: str = ""
+    # Level policies use the levels (demotion, anti-starvation, preemption).
+    uses_levels: bool = True
+
+    @abstractmethod
+    def base(self, call: Call) -> float:
+        """The priority base of a newly arrived call (in service units)."""
+
+    def complete(self, call: Call, charged: float) -> None:  # noqa: B027 - optional hook
+        """A call finished after being charged ``charged`` new service."""
+
+    def rank(self, call: Call) -> tuple[float, int]:
+        return (call.level, call.seq)
+
+    def outranks(self, waiter: Call, victim: Call) -> bool:
+        # Only across level boundaries: equal levels never preempt (no thrash).
+        return waiter.level < victim.level
+
+    def rerank_on_progress(self, program: Program) -> bool:
+        """Whether the program's waiting calls change rank when its other calls progress."""
+        return False
+
+
+class FCFS(Policy):
+    """First come, first served: vLLM's default. Never preempts for a waiter."""
+
+    name = "fcfs"
+    uses_levels = False
+
+    def base(self, call: Call) -> float:
+        return 0.0
+
+    def rank(self, call: Call) -> tuple[float, int]:
+        return (0, call.seq)
+
+    def outranks(self, waiter: Call, victim: Call) -> bool:
+        return False
+
+
+class MLFQ(Policy):
+    """Program-unaware multi-level feedback queue: every call starts in the top level."""
+
+    name = "mlfq"
+
+    def base(self, call: Call) -> float:
+        return 0.0
+
+
+class PLAS(Policy):
+    """Program-level attained service (paper Eq. 1).
+
+    A call starts at the level of the total service its program's completed calls
+    have attained, so a program that has already run long waits behind short ones.
+    """
+
+    name = "plas"
+
+    def base(self, call: Call) -> float:
+        return call.program.attained_service
+
+
+class ATLAS(Policy):
+    """Adaptive thread-level attained service (paper Eq. 2): rank by critical path.
+
+    ``program`` variant (the paper's implementation): one scalar per program, the
+    longest critical path seen; every new call inherits it. ``thread`` variant:
+    each thread tracks its own critical path; a forked thread starts at its
+    parent's, a join takes the maximum over the joined children. On a
+    single-threaded program both equal PLAS.
+    """
+
+    name = "atlas"
+
+    def __init__(self, variant: AtlasVariant = "thread") -> None:
+        self.variant = variant
+
+    def base(self, call: Call) -> float:
+        if self.variant == "program":
+            return call.program.critical_path
+        thread = call.thread
+        thread.critical_path = thread.joined_critical_path()
+        return thread.critical_path
+
+    def complete(self, call: Call, charged: float) -> None:
+        path = call.base + call.service
+        program = call.program
+        program.critical_path = max(program.critical_path, path)
+        call.thread.critical_path = max(call.thread.critical_path, path)
+
+
+class Autellix(ATLAS):
+    """PLAS for single-threaded programs, ATLAS for multi-threaded ones.
+
+    On a program with one thread the critical path is the running sum of its
+    calls' service, so both give the same rank from this engine's own counts; PLAS
+    additionally honours service attained on other engines (a router's prior
+    service), which a critical path cannot split across threads.
+    """
+
+    name = "autellix"
+
+    def base(self, call: Call) -> float:
+        if call.program.multi_threaded:
+            return super().base(call)
+        return max(super().base(call), call.program.attained_service)
+
+
+class SRPT(Policy):
+    """Clairvoyant oracle: shortest remaining program work first (simulator only).
+
+    ``remaining`` returns the work a program still has to do; only a simulator
+    that knows every program's future can supply it.
+    """
+
+    name = "srpt"
+    uses_levels = False
+
+    def __init__(self, remaining: Callable[[Program], float]) -> None:
+        self.remaining = remaining
+
+    def base(self, call: Call) -> float:
+        return 0.0
+
+    def rank(self, call: Call) -> tuple[float, int]:
+        return (self.remaining(call.program), call.seq)
+
+    def outranks(self, waiter: Call, victim: Call) -> bool:
+        return self.remaining(waiter.program) < self.remaining(victim.program)
+
+    def rerank_on_progress(self, program: Program) -> bool:
+        return True
+
+
+POLICY_NAMES = ("fcfs", "mlfq", "plas", "atlas", "autellix", "srpt")
+
+
+def make_policy(
+    name: str,
+    atlas_variant: AtlasVariant = "thread",
+    remaining: Callable[[Program], float] | None = None,
+) -> Policy:
+    """Build a policy by name (``srpt`` needs the oracle ``remaining``)."""
+    if name == "fcfs":
+        return FCFS()
+    if name == "mlfq":
+        return MLFQ()
+    if name == "plas":
+        return PLAS()
+    if name == "atlas":
+        return ATLAS(atlas_variant)
+    if name == "autellix":
+        return Autellix(atlas_variant)
+    if name == "srpt":
+        if remaining is None:
+            raise ValueError("srpt is a clairvoyant oracle: it needs each program's remaining work")
+        return SRPT(remaining)
+    raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})")
