@@ -246,6 +246,16 @@ class ProgramScheduler:
         assert call.wait_started is not None
         return call.wait_started + cfg.beta * served - waited
 
+    def next_promotion(self) -> float | None:
+        """Wait-clock time of the next possible starvation promotion (None if none)."""
+        heap = self._starving
+        while heap:
+            _, _, version, call = heap[0]
+            if call.queued and version == call.queue_version and call.level > 0:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
+
     def _promote_starving(self) -> None:
         heap = self._starving
         while heap and heap[0][0] <= self.clock:

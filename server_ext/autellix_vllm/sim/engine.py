@@ -1,0 +1,354 @@
+"""A continuous-batching engine, modelled step by step like vLLM V1's scheduler.
+
+Each engine owns a :class:`~autellix_vllm.policy.ProgramScheduler` and asks it
+every ordering question, exactly as the vLLM scheduler subclass does:
+
+1. *seats*: running calls a better waiting call displaces (policy preemption);
+2. *running phase*: running calls in rank order get one decode token or a
+   prefill chunk within the step's token budget; when KV blocks run out the
+   worst-ranked running call is preempted (and recomputed later: V1 has no swap);
+3. *waiting phase* (only if step 2 preempted nothing): admit waiting calls in
+   rank order while seats, budget and blocks last; stop at the first that does
+   not fit (head-of-line blocking, as vLLM does).
+
+KV is counted in blocks. With prefix caching a finished or preempted call's
+blocks stay cached for its program (LRU across programs), so the program's next
+call on this engine prefills only what is new; on another engine it starts cold.
+
+A step with only decodes repeats identically until something changes, so the
+engine runs such stretches as one *macro step* of k steps (until the first
+completion, demotion, starvation promotion or block boundary, or an arrival,
+which truncates it). This is what makes a sweep run in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..policy import Call, ProgramScheduler
+from .presets import EnginePreset
+from .trace import CallSpec
+
+
+@dataclass(eq=False)
+class ProgramRun:
+    """A program being replayed: what is done and what is left."""
+
+    program_id: str
+    arrival: float
+    kind: str
+    calls_left: int
+    decode_total: int
+    remaining_work: float  # decode tokens still to produce (the SRPT oracle's view)
+    end: float = 0.0
+    done: set[str] = field(default_factory=set)
+    threads: int = 1
+
+
+@dataclass(eq=False)
+class Job:
+    """One call on one engine."""
+
+    spec: CallSpec
+    program: ProgramRun
+    ready_s: float
+    call: Call | None = None
+    computed: int = 0  # tokens whose KV exists (prefix hit + prefilled + decoded)
+    decoded: int = 0
+    hit_blocks: int = 0  # leading blocks shared with the program's cached prefix
+    own_blocks: int = 0
+    wait_since: float = 0.0
+    wait_s: float = 0.0
+    recomputed: int = 0
+
+    @property
+    def target(self) -> int:
+        """Tokens that need KV before the next token can be sampled."""
+        return self.spec.prompt_tokens + self.decoded
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.target
+
+    @property
+    def decode_left(self) -> int:
+        return self.spec.decode_tokens - self.decoded
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class KVPool:
+    """Blocks in use by running calls plus a per-program LRU prefix cache."""
+
+    def __init__(self, capacity: int, block_size: int, prefix_caching: bool) -> None:
+        self.capacity = capacity
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self.used = 0
+        self.cached_blocks = 0
+        self.cache: OrderedDict[str, int] = OrderedDict()  # program -> cached tokens
+        self.pins: dict[str, int] = {}
+        self.hit_tokens = 0
+        self.prompt_tokens = 0
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.used - self.cached_blocks
+
+    def reclaim(self, need: int) -> bool:
+        """Evict least recently used, unpinned cache entries until ``need`` blocks are free."""
+        if self.free >= need:
+            return True
+        for pid in list(self.cache):
+            if self.pins.get(pid):
+                continue
+            self.cached_blocks -= _blocks(self.cache.pop(pid), self.block_size)
+            if self.free >= need:
+                return True
+        return False
+
+    def hit(self, job: Job) -> int:
+        """Full blocks of ``job``'s prompt its program has cached here (at least one token
+        is always computed, as in vLLM)."""
+        if not self.prefix_caching:
+            return 0
+        cached = self.cache.get(job.program.program_id, 0)
+        return max(0, min(cached, job.target - 1)) // self.block_size
+
+    def admit(self, job: Job, hit_blocks: int) -> None:
+        pid = job.program.program_id
+        job.hit_blocks = hit_blocks
+        job.computed = hit_blocks * self.block_size
+        if hit_blocks:
+            self.cache.move_to_end(pid)
+            self.pins[pid] = self.pins.get(pid, 0) + 1
+
+    def grow(self, job: Job, tokens: int) -> bool:
+        """Make room for ``tokens`` more of ``job``'s KV; False if the pool is full."""
+        need = _blocks(job.computed + tokens, self.block_size) - job.hit_blocks - job.own_blocks
+        if need <= 0:
+            return True
+        if not self.reclaim(need):
+            return False
+        job.own_blocks += need
+        self.used += need
+        return True
+
+    def release(self, job: Job) -> None:
+        """The job left the batch; with prefix caching its KV stays cached."""
+        pid = job.program.program_id
+        self.used -= job.own_blocks
+        job.own_blocks = 0
+        if job.hit_blocks:
+            self.pins[pid] -= 1
+            if not self.pins[pid]:
+                del self.pins[pid]
+        job.hit_blocks = 0
+        if self.prefix_caching and job.computed:
+            old = self.cache.get(pid, 0)
+            new = max(old, job.computed)
+            self.cached_blocks += _blocks(new, self.block_size) - _blocks(old, self.block_size)
+            self.cache[pid] = new
+            self.cache.move_to_end(pid)
+            self.reclaim(0)
+        job.computed = 0
+
+
+@dataclass
+class Step:
+    """What one (macro) step runs: tokens per job, its length and repeat count."""
+
+    plan: dict[Job, int]
+    duration: float
+    repeat: int
+    started: float
+
+
+class SimEngine:
+    """One engine: the batch, the KV pool, and the scheduler core that orders calls."""
+
+    def __init__(
+        self,
+        name: str,
+        preset: EnginePreset,
+        core: ProgramScheduler,
+        prefix_caching: bool,
+        on_complete: Callable[[Job, float], None],
+    ) -> None:
+        self.name = name
+        self.preset = preset
+        self.core = core
+        self.kv = KVPool(preset.kv_blocks, preset.block_size, prefix_caching)
+        self.on_complete = on_complete
+        self.running: list[Job] = []
+        self.step: Step | None = None
+        self.starting = False  # a step start is scheduled for now
+        self.steps = 0
+        self.preemptions = 0
+        self.recomputed_tokens = 0
+
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.core.waiting)
+
+    # ---- arrival -----------------------------------------------------------------
+
+    def submit(self, job: Job, now: float, prior_service: float) -> None:
+        spec = job.spec
+        job.call = self.core.add_call(
+            spec.id,
+            job.program.program_id,
+            now,
+            thread_id=spec.thread,
+            parent_thread_id=spec.parent_thread,
+            prior_service=prior_service,
+            prompt_tokens=spec.prompt_tokens,
+            payload=job,
+        )
+        job.wait_since = now
+        self.core.enqueue(job.call)
+
+    # ---- one (macro) step ----------------------------------------------------------
+
+    def begin_step(self, now: float) -> Step | None:
+        """Choose the batch for the next step at ``now``; None when there is nothing to run."""
+        core, preset = self.core, self.preset
+        for victim in core.victims([j.call for j in self.running], self._free_seats()):
+            self._preempt(victim.payload, now)
+
+        budget = preset.token_budget
+        plan: dict[Job, int] = {}
+        preempted = False
+        for job in sorted(self.running, key=lambda j: core.rank(j.call)):
+            if job not in self.running or budget <= 0:
+                continue
+            tokens = min(job.target - job.computed, budget) if job.prefilling else 1
+            while not self.kv.grow(job, tokens):
+                victim = max(self.running, key=lambda j: core.rank(j.call))
+                self._preempt(victim, now)
+                preempted = True
+                if victim is job:
+                    break
+            else:
+                plan[job] = tokens
+                budget -= tokens
+
+        if not preempted:
+            while budget > 0 and self._free_seats() > 0 and core.waiting:
+                job = core.peek().payload
+                hit = self.kv.hit(job)
+                self.kv.admit(job, hit)
+                tokens = min(job.target - job.computed, budget) if job.prefilling else 1
+                if not self.kv.grow(job, tokens):
+                    self.kv.release(job)  # back out: it waits for blocks
+                    break
+                core.start(job.call)
+                self.kv.hit_tokens += job.computed
+                self.kv.prompt_tokens += job.target
+                job.wait_s += now - job.wait_since
+                self.running.append(job)
+                plan[job] = tokens
+                budget -= tokens
+
+        if not plan:
+            if self.running or core.waiting:
+                raise RuntimeError(f"engine {self.name}: a call does not fit in an empty engine")
+            self.step = None
+            return None
+        prefill = sum(n for j, n in plan.items() if j.prefilling)
+        decode = len(plan) if not prefill else sum(1 for j in plan if not j.prefilling)
+        duration = preset.step_time(decode, prefill)
+        repeat = 1 if prefill else self._steady_steps(plan, duration)
+        self.step = Step(plan, duration, repeat, now)
+        return self.step
+
+    def truncate(self, now: float) -> bool:
+        """An arrival at ``now``: end the current macro step at the next step boundary."""
+        step = self.step
+        if step is None or step.repeat == 1:
+            return False
+        done = max(1, math.ceil((now - step.started) / step.duration - 1e-9))
+        if done >= step.repeat:
+            return False
+        step.repeat = done
+        return True
+
+    @property
+    def step_end(self) -> float:
+        assert self.step is not None
+        return self.step.started + self.step.duration * self.step.repeat
+
+    def finish_step(self) -> float:
+        """Apply the current step's work; returns the time it ended."""
+        step = self.step
+        assert step is not None
+        core, k = self.core, step.repeat
+        now = step.started + step.duration * k
+        total_tokens = sum(step.plan.values())
+        self.steps += k
+        finished = []
+        for job, tokens in step.plan.items():
+            seconds = step.duration * k * tokens / total_tokens
+            if job.prefilling:
+                job.computed += tokens
+                sampled = int(job.computed >= job.target)  # the last chunk samples a token
+                job.decoded += sampled
+                job.program.remaining_work -= sampled
+                core.charge(job.call, sampled, prefill_tokens=tokens, seconds=seconds)
+            else:
+                job.computed += k
+                job.decoded += k
+                job.program.remaining_work -= k
+                core.charge(job.call, decode_tokens=k, seconds=seconds)
+            if job.decode_left <= 0:
+                finished.append(job)
+        core.advance(now, steps=k)
+        for job in finished:
+            self.running.remove(job)
+            self.kv.release(job)
+            core.finish(job.call, now)
+            self.on_complete(job, now)
+        self.step = None
+        return now
+
+    # ---- helpers -------------------------------------------------------------------
+
+    def _free_seats(self) -> int:
+        return self.preset.max_num_seqs - len(self.running)
+
+    def _preempt(self, job: Job, now: float) -> None:
+        self.running.remove(job)
+        job.recomputed += job.computed
+        self.recomputed_tokens += job.computed
+        self.kv.release(job)
+        self.preemptions += 1
+        job.wait_since = now
+        self.core.preempt(job.call)
+
+    def _steady_steps(self, plan: dict[Job, int], duration: float) -> int:
+        """How many identical decode-only steps can run before anything changes."""
+        core = self.core
+        k = min(job.decode_left for job in plan)
+        # Enough free blocks for every job to cross its block boundaries?
+        bs = self.kv.block_size
+        spare = self.kv.free + sum(
+            _blocks(n, bs) for pid, n in self.kv.cache.items() if not self.kv.pins.get(pid)
+        )
+        k = min(k, max(1, (spare // len(plan)) * bs))
+        if core.waiting:
+            # A demotion or a starvation promotion may let a waiter preempt.
+            per_step = core.meter.amount(1, 0, duration / len(plan))
+            for job in plan:
+                left = core.next_demotion(job.call)
+                if left != math.inf:
+                    k = min(k, max(1, math.ceil(left / per_step - 1e-9)))
+            deadline = core.next_promotion()
+            if deadline is not None:
+                clock_step = duration if core.meter.unit == "time" else 1.0
+                k = min(k, max(1, math.ceil((deadline - core.clock) / clock_step - 1e-9)))
+        return max(1, k)

@@ -1,0 +1,88 @@
+"""Engine presets: what one simulated step costs and how much fits in a batch.
+
+Step time = ``step_base + per_decode * decode_tokens + per_prefill * prefill_tokens``.
+
+``a100-llama8b``: Llama-3.1-8B in bf16 on one A100-80GB, derived from public
+figures rather than measured here:
+
+* ``step_base`` 8 ms: each step streams the 16 GB of weights through HBM at
+  about 2.0 TB/s (A100-80GB spec), the floor of vLLM's inter-token latency at
+  small batch (7-10 ms is what public vLLM benchmarks of 8B models on A100 show);
+* ``per_decode`` 0.07 ms: one sequence's KV read per step, 128 KiB per token of
+  context (32 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes) over ~1k tokens
+  of context at ~2 TB/s;
+* ``per_prefill`` 0.09 ms: ~16 GFLOP per prompt token (2 x 8B parameters) at
+  ~180 TFLOP/s, i.e. ~60% of the A100's 312 TFLOP/s bf16 peak;
+* KV capacity: 0.9 x 80 GB minus 16 GB of weights and ~3 GB of activations,
+  ~53 GB / 128 KiB = ~414k tokens = 25,900 blocks of 16 tokens;
+* batch: vLLM's defaults for online serving on an A100, ``max_num_seqs`` 256 and
+  a 2,048-token step budget with chunked prefill.
+
+``unit``: every step costs one second and prefill is free; memory is unbounded.
+It is the setting of the paper's Figure 2 toy example.
+
+``cpu-tiny``: calibrated from this repository's embedded engine (the tiny
+random-weight Llama on the CPU build of vLLM, 2 cores); see docs/benchmarks.md
+for the measurement that produced these numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class EnginePreset:
+    name: str
+    step_base: float
+    per_decode: float
+    per_prefill: float
+    max_num_seqs: int
+    token_budget: int
+    kv_blocks: int
+    block_size: int = 16
+
+    def step_time(self, decode_tokens: int, prefill_tokens: int) -> float:
+        return self.step_base + self.per_decode * decode_tokens + self.per_prefill * prefill_tokens
+
+    def with_max_num_seqs(self, max_num_seqs: int | None) -> EnginePreset:
+        return self if max_num_seqs is None else replace(self, max_num_seqs=max_num_seqs)
+
+
+PRESETS: dict[str, EnginePreset] = {
+    "a100-llama8b": EnginePreset(
+        "a100-llama8b",
+        step_base=0.008,
+        per_decode=0.00007,
+        per_prefill=0.00009,
+        max_num_seqs=256,
+        token_budget=2048,
+        kv_blocks=25_900,
+    ),
+    "unit": EnginePreset(
+        "unit",
+        step_base=1.0,
+        per_decode=0.0,
+        per_prefill=0.0,
+        max_num_seqs=256,
+        token_budget=1 << 30,
+        kv_blocks=1 << 40,
+    ),
+    "cpu-tiny": EnginePreset(
+        "cpu-tiny",
+        step_base=0.012,
+        per_decode=0.0004,
+        per_prefill=0.00002,
+        max_num_seqs=8,
+        token_budget=2048,
+        kv_blocks=8192,
+        block_size=128,
+    ),
+}
+
+
+def get_preset(name: str) -> EnginePreset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})") from None

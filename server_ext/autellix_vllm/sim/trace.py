@@ -1,0 +1,161 @@
+"""Programs as the simulator replays them, and the JSONL trace format.
+
+One program per line::
+
+    {"program_id": "A", "arrival": 0.0, "calls": [
+        {"id": "a1", "thread": "main", "parent_thread": null, "after": [],
+         "prompt_tokens": 0, "decode_tokens": 4, "tool_gap": 0.0}, ...]}
+
+A call starts ``tool_gap`` seconds after every call in ``after`` has completed
+(an empty ``after`` means at the program's arrival), so chains, forks and joins
+are all expressible. Extra keys are allowed and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed; the message names the line and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    id: str
+    decode_tokens: int
+    prompt_tokens: int = 0
+    thread: str = "main"
+    parent_thread: str | None = None
+    after: tuple[str, ...] = ()
+    tool_gap: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramSpec:
+    program_id: str
+    arrival: float
+    calls: tuple[CallSpec, ...]
+    kind: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(c.decode_tokens for c in self.calls)
+
+    @property
+    def threads(self) -> int:
+        return len({c.thread for c in self.calls})
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "program_id": self.program_id,
+                "arrival": self.arrival,
+                "kind": self.kind,
+                "calls": [
+                    {
+                        "id": c.id,
+                        "thread": c.thread,
+                        "parent_thread": c.parent_thread,
+                        "after": list(c.after),
+                        "prompt_tokens": c.prompt_tokens,
+                        "decode_tokens": c.decode_tokens,
+                        "tool_gap": c.tool_gap,
+                    }
+                    for c in self.calls
+                ],
+            }
+        )
+
+
+def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise TraceError(f"{where}: missing key {key!r}")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TraceError(f"{where}: {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def parse_program(obj: Any, where: str) -> ProgramSpec:
+    """Validate one decoded trace line into a :class:`ProgramSpec`."""
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: a program must be a JSON object")
+    pid = str(_field(obj, "program_id", (str, int), where))
+    arrival = float(_field(obj, "arrival", (int, float), where))
+    if arrival < 0:
+        raise TraceError(f"{where}: arrival must be >= 0")
+    raw_calls = _field(obj, "calls", list, where)
+    if not raw_calls:
+        raise TraceError(f"{where}: program {pid!r} has no calls")
+    calls: list[CallSpec] = []
+    seen: set[str] = set()
+    for n, raw in enumerate(raw_calls):
+        at = f"{where}, call {n}"
+        if not isinstance(raw, dict):
+            raise TraceError(f"{at}: a call must be a JSON object")
+        cid = str(_field(raw, "id", (str, int), at))
+        if cid in seen:
+            raise TraceError(f"{at}: duplicate call id {cid!r}")
+        after = tuple(str(a) for a in raw.get("after", []) or [])
+        for dep in after:
+            if dep not in seen:
+                raise TraceError(f"{at}: 'after' names {dep!r}, which is not an earlier call")
+        decode = _field(raw, "decode_tokens", int, at)
+        prompt = raw.get("prompt_tokens", 0)
+        gap = raw.get("tool_gap", 0.0)
+        if decode < 1:
+            raise TraceError(f"{at}: decode_tokens must be >= 1")
+        if isinstance(prompt, bool) or not isinstance(prompt, int) or prompt < 0:
+            raise TraceError(f"{at}: prompt_tokens must be an integer >= 0")
+        if isinstance(gap, bool) or not isinstance(gap, int | float) or gap < 0:
+            raise TraceError(f"{at}: tool_gap must be a number >= 0")
+        parent = raw.get("parent_thread")
+        calls.append(
+            CallSpec(
+                id=cid,
+                decode_tokens=decode,
+                prompt_tokens=prompt,
+                thread=str(raw.get("thread") or "main"),
+                parent_thread=None if parent is None else str(parent),
+                after=after,
+                tool_gap=float(gap),
+            )
+        )
+        seen.add(cid)
+    return ProgramSpec(pid, arrival, tuple(calls), kind=str(obj.get("kind", "")))
+
+
+def load_trace(path: str | Path) -> list[ProgramSpec]:
+    """Read a JSONL trace; blank lines are skipped, anything malformed is a TraceError."""
+    programs: list[ProgramSpec] = []
+    ids: set[str] = set()
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+        program = parse_program(obj, where)
+        if program.program_id in ids:
+            raise TraceError(f"{where}: duplicate program_id {program.program_id!r}")
+        ids.add(program.program_id)
+        programs.append(program)
+    if not programs:
+        raise TraceError(f"{path}: the trace has no programs")
+    return programs
+
+
+def write_trace(programs: Iterable[ProgramSpec], path: str | Path) -> None:
+    Path(path).write_text("".join(p.to_json() + "\n" for p in programs))
