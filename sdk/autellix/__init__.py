@@ -1,0 +1,50 @@
+"""autellix client SDK: run an LLM agent as one program the server can schedule.
+
+Three-line migration::
+
+    from autellix import AsyncOpenAI, program      # was: from openai import AsyncOpenAI
+
+    @program                                        # new
+    async def agent(task: str) -> str: ...          # unchanged body
+
+Every LLM call made inside `agent` carries its program and thread identity
+(headers and `extra_body["vllm_xargs"]`). See docs/sdk.md.
+"""
+
+from ._client import AsyncOpenAI, OpenAI
+from ._identity import ThreadIdentity, current_identity, current_program, current_thread
+from ._program import ProgramSession, program, session
+from ._retry import TRANSIENT_STATUS_CODES
+from ._tagging import (
+    CALL_ID_HEADER,
+    PARENT_THREAD_ID_HEADER,
+    PROGRAM_ID_HEADER,
+    SESSION_ID_HEADER,
+    THREAD_ID_HEADER,
+)
+from ._threads import ThreadBlock, bound, create_task, fork, forked, gather, thread
+
+__all__ = [
+    "AsyncOpenAI",
+    "OpenAI",
+    "program",
+    "session",
+    "ProgramSession",
+    "fork",
+    "create_task",
+    "gather",
+    "thread",
+    "ThreadBlock",
+    "forked",
+    "bound",
+    "current_program",
+    "current_thread",
+    "current_identity",
+    "ThreadIdentity",
+    "PROGRAM_ID_HEADER",
+    "THREAD_ID_HEADER",
+    "PARENT_THREAD_ID_HEADER",
+    "CALL_ID_HEADER",
+    "SESSION_ID_HEADER",
+    "TRANSIENT_STATUS_CODES",
+]

@@ -1,0 +1,124 @@
+"""Retrying transient failures without charging the server twice for one call.
+
+A failure is transient when the server was not reached or said "try again":
+connection refused or reset, 429, 502, 503 and 504. Timeouts are not retried
+(the server may still be working on the call), and other 4xx/5xx errors surface
+unchanged as openai's own exceptions.
+
+The caller tags a call once, before the first attempt, so every attempt carries
+the same call id. openai's own retry loop is switched off for these requests
+(`max_retries=0` per request) so retries are never stacked.
+
+Cost: building a tenacity controller takes about 30 microseconds, more than the
+SDK's whole per-call budget, so the first attempt runs without one and tenacity
+only takes over after a transient failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import openai
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+T = TypeVar("T")
+
+TRANSIENT_STATUS_CODES = frozenset({429, 502, 503, 504})
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether `error` is worth another attempt with the same call id."""
+    if isinstance(error, openai.APITimeoutError):
+        return False
+    if isinstance(error, openai.APIConnectionError):
+        return True
+    return isinstance(error, openai.APIStatusError) and error.status_code in TRANSIENT_STATUS_CODES
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long and how often transient failures are retried.
+
+    The number of attempts is not part of the policy: it comes from the client's
+    `max_retries` (attempts = max_retries + 1), as in the plain openai client.
+    Waits grow exponentially from `backoff_seconds` with full jitter, never exceed
+    `max_backoff_seconds`, and honour a numeric `Retry-After` up to that cap.
+    No new attempt starts after `max_seconds` from the first retry.
+    """
+
+    max_seconds: float = 30.0
+    backoff_seconds: float = 0.5
+    max_backoff_seconds: float = 8.0
+
+    async def call_async(self, send: Callable[[], Awaitable[T]], *, attempts: int) -> T:
+        """Await `send()`, retrying transient failures up to `attempts` attempts in all."""
+        try:
+            return await send()
+        except Exception as error:
+            if attempts <= 1 or not is_transient(error):
+                raise
+            first_failure: Exception | None = error
+
+        async def attempt() -> T:
+            # Tenacity counts the failure we already saw as its first attempt.
+            nonlocal first_failure
+            if first_failure is not None:
+                failure, first_failure = first_failure, None
+                raise failure
+            return await send()
+
+        return await AsyncRetrying(**self._tenacity_options(attempts))(attempt)
+
+    def call_blocking(self, send: Callable[[], T], *, attempts: int) -> T:
+        """Call `send()`, retrying transient failures; the blocking twin of `call_async`."""
+        try:
+            return send()
+        except Exception as error:
+            if attempts <= 1 or not is_transient(error):
+                raise
+            first_failure: Exception | None = error
+
+        def attempt() -> T:
+            nonlocal first_failure
+            if first_failure is not None:
+                failure, first_failure = first_failure, None
+                raise failure
+            return send()
+
+        return Retrying(**self._tenacity_options(attempts))(attempt)
+
+    def _tenacity_options(self, attempts: int) -> dict[str, Any]:
+        backoff = wait_random_exponential(
+            multiplier=self.backoff_seconds, max=self.max_backoff_seconds
+        )
+
+        def wait(state: RetryCallState) -> float:
+            return max(backoff(state), self._retry_after_seconds(state))
+
+        return {
+            "stop": stop_after_attempt(attempts) | stop_after_delay(self.max_seconds),
+            "wait": wait,
+            "retry": retry_if_exception(is_transient),
+            "reraise": True,
+        }
+
+    def _retry_after_seconds(self, state: RetryCallState) -> float:
+        """The server's numeric Retry-After for the last failure, capped; 0 if none."""
+        error = state.outcome.exception() if state.outcome else None
+        if not isinstance(error, openai.APIStatusError):
+            return 0.0
+        try:
+            seconds = float(error.response.headers.get("retry-after", 0))
+        except ValueError:  # an HTTP date: not worth parsing for a capped wait
+            return 0.0
+        return min(max(seconds, 0.0), self.max_backoff_seconds)
