@@ -150,8 +150,8 @@ def program(
 
     Works on `async def` and plain functions, as `@program` or
     `@program(name=..., client=...)`; the program name defaults to the
-    function's qualified name. Called inside another program, the function runs
-    as a child thread of it instead.
+    function's name. Called inside another program, the function runs
+    as a child thread (named after it) of the current thread instead.
     """
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
@@ -160,7 +160,7 @@ def program(
                 "@autellix.program does not support generators; "
                 "use `with autellix.session()` / `async with autellix.session()` inside them"
             )
-        program_name = name or fn.__qualname__
+        program_name = name or fn.__name__
 
         if inspect.iscoroutinefunction(fn):
 

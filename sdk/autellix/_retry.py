@@ -16,6 +16,7 @@ only takes over after a transient failure.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,6 +31,8 @@ from tenacity import (
     stop_after_delay,
     wait_random_exponential,
 )
+
+log = logging.getLogger("autellix")
 
 T = TypeVar("T")
 
@@ -109,6 +112,7 @@ class RetryPolicy:
             "stop": stop_after_attempt(attempts) | stop_after_delay(self.max_seconds),
             "wait": wait,
             "retry": retry_if_exception(is_transient),
+            "before_sleep": _log_retry,
             "reraise": True,
         }
 
@@ -122,3 +126,13 @@ class RetryPolicy:
         except ValueError:  # an HTTP date: not worth parsing for a capped wait
             return 0.0
         return min(max(seconds, 0.0), self.max_backoff_seconds)
+
+
+def _log_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    log.info(
+        "autellix: attempt %d failed (%s); retrying in %.2f s",
+        state.attempt_number,
+        error,
+        state.upcoming_sleep,
+    )

@@ -41,6 +41,27 @@ class Received:
     def vllm_xargs(self) -> dict[str, Any] | None:
         return self.body.get("vllm_xargs") if isinstance(self.body, dict) else None
 
+    @property
+    def program_id(self) -> str | None:
+        return self.header("X-Autellix-Program-Id")
+
+    @property
+    def thread_id(self) -> str | None:
+        return self.header("X-Autellix-Thread-Id")
+
+    @property
+    def parent_thread_id(self) -> str | None:
+        return self.header("X-Autellix-Parent-Thread-Id")
+
+    @property
+    def call_id(self) -> str | None:
+        return self.header("X-Autellix-Call-Id")
+
+    @property
+    def tag(self) -> str | None:
+        """The test's own label for a call (header `X-Test-Tag`)."""
+        return self.header("X-Test-Tag")
+
 
 @dataclass
 class Failure:
@@ -119,6 +140,11 @@ class FakeOpenAIServer:
 
     def program_calls(self) -> list[Received]:
         return [r for r in self.state.received if r.path.startswith("/autellix/")]
+
+    def call_tagged(self, tag: str) -> Received:
+        """The one generation call made with `X-Test-Tag: tag`."""
+        [call] = [r for r in self.generation_calls() if r.tag == tag]
+        return call
 
     # ---- the server ------------------------------------------------------
 
