@@ -15,6 +15,7 @@ import sys
 # does not pay for importing the simulator or vLLM).
 COMMANDS: dict[str, str] = {
     "simulate": "autellix_vllm.sim.cli",
+    "engine": "autellix_vllm.engine_cli",
 }
 
 

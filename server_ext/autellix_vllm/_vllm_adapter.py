@@ -1,0 +1,150 @@
+"""The one place that touches vLLM internals (private API, pinned to vLLM 0.32.0).
+
+Everything else in autellix goes through the names below, and
+``tests/engine/test_vllm_api_drift.py`` fails loudly when one of them changes
+shape. What is relied on, and why:
+
+* ``Scheduler`` / ``AsyncScheduler`` are subclassed (``--scheduler-cls``); the
+  ``waiting`` queue is replaced by a ``RequestQueue`` over the policy's queue.
+* ``Scheduler._preempt_request`` is the only way to preempt (recompute, no swap);
+  vLLM never preempts on behalf of a *waiting* request, so we call it ourselves.
+* ``Scheduler._free_request`` is the one chokepoint every finish passes through
+  (EOS, stop, length, abort).
+* ``SchedulerOutput.num_scheduled_tokens`` tells what each call got this step.
+* ``Request.sampling_params.extra_args`` carries the body's ``vllm_xargs``;
+  ``Request.session_id`` carries ``X-Session-ID`` / the body's ``session_id``.
+* ``EngineCore`` runs a utility method by name for ``call_utility_async``; the
+  general plugin adds ours to the class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from autellix_vllm.identity import CallIdentity, identity_from_xargs
+
+PINNED_VLLM_VERSION = "0.32.0"
+VLLM_VERSION: str = vllm.__version__
+
+__all__ = [
+    "AsyncScheduler",
+    "Request",
+    "RequestQueue",
+    "RequestStatus",
+    "Scheduler",
+    "SchedulerOutput",
+    "SchedulingPolicy",
+]
+
+
+# ---- requests -------------------------------------------------------------------
+
+
+def call_identity(request: Request) -> CallIdentity:
+    """Identity from ``vllm_xargs`` (flat ``autellix_*`` keys), else the session id."""
+    params = request.sampling_params
+    extra_args = params.extra_args if params is not None else None
+    return identity_from_xargs(extra_args, request.session_id)
+
+
+def prompt_tokens(request: Request) -> int:
+    return request.num_prompt_tokens
+
+
+def was_aborted(request: Request) -> bool:
+    return request.status == RequestStatus.FINISHED_ABORTED
+
+
+def split_scheduled_tokens(request: Request, num_tokens: int) -> tuple[int, int]:
+    """(decode, prefill) tokens of a step that schedules ``num_tokens`` for ``request``.
+
+    Must be called before vLLM advances ``num_computed_tokens`` for the step. A
+    step that reaches the end of the sequence samples one new token (decode);
+    everything else it computes is prefill, including a resumed call's recompute.
+    """
+    reaches_end = request.num_computed_tokens + num_tokens >= request.num_tokens
+    decode = 1 if reaches_end else 0
+    return decode, num_tokens - decode
+
+
+# ---- scheduler state ----------------------------------------------------------------
+
+
+def scheduled_tokens(output: SchedulerOutput) -> dict[str, int]:
+    """Tokens scheduled per request id in one step."""
+    return output.num_scheduled_tokens
+
+
+def batch_seats(scheduler: Scheduler) -> int:
+    """How many requests the scheduler admits into the running batch at most."""
+    return scheduler.max_num_active_reqs
+
+
+def token_budget(scheduler: Scheduler) -> int:
+    """Tokens one step may schedule in total."""
+    return scheduler.max_num_scheduled_tokens
+
+
+def tokens_to_compute(request: Request) -> int:
+    """Tokens a running request still has to compute before it samples again."""
+    return (
+        request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+    )
+
+
+def free_kv_blocks(scheduler: Scheduler) -> int:
+    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def total_kv_blocks(scheduler: Scheduler) -> int:
+    return scheduler.kv_cache_manager.block_pool.num_gpu_blocks
+
+
+def kv_blocks_needed(scheduler: Scheduler, request: Request) -> int:
+    """Blocks a waiting request needs to (re)compute its whole sequence, ignoring
+    prefix-cache hits (an upper bound)."""
+    return -(-(request.num_tokens + 1) // scheduler.block_size)
+
+
+def preempt_running(scheduler: Scheduler, request: Request, now: float) -> bool:
+    """Preempt a running request (vLLM recomputes it on resume). False when its
+    blocks cannot be freed yet (an in-flight step still writes them)."""
+    if not scheduler._request_blocks_can_be_freed(request):
+        return False
+    scheduler.running.remove(request)
+    scheduler._preempt_request(request, now)
+    return True
+
+
+# ---- the engine-core utility methods (general plugin) ------------------------------
+
+
+def install_engine_core_method(name: str, method: Callable[..., Any]) -> bool:
+    """Add ``method`` to ``EngineCore`` (once), so ``call_utility_async(name)`` reaches it
+    in the engine process. Returns whether it was newly installed."""
+    from vllm.v1.engine.core import EngineCore
+
+    if getattr(EngineCore, name, None) is method:
+        return False
+    setattr(EngineCore, name, method)
+    return True
+
+
+def engine_core_scheduler(engine_core: Any) -> Scheduler:
+    return engine_core.scheduler
+
+
+async def call_engine_utility(engine_client: Any, method: str, *args: Any) -> Any:
+    """Run an ``EngineCore`` utility method from the API-server process.
+
+    With data parallelism this reaches the first engine only.
+    """
+    return await engine_client.engine_core.call_utility_async(method, *args)

@@ -1,0 +1,167 @@
+"""The endpoint vLLM plugin (``vllm.endpoint_plugins`` entry point ``autellix_endpoint``).
+
+Loaded only in the API-server process, and only when ``VLLM_PLUGINS`` names it
+(together with ``autellix_general``, which installs the engine-side methods it
+calls; see :mod:`autellix_vllm.engine_plugin`). Routes:
+
+* ``GET /autellix/v1/engine/table``: the process table (programs, threads,
+  calls, service, waiting time, level, queue depth per level, counters).
+* ``DELETE /autellix/v1/engine/programs/{program_id}``: end a program
+  (404 if the engine does not know it).
+
+It also puts the table's counters on vLLM's Prometheus ``/metrics`` as
+``autellix_*`` series, refreshed from the engine every ``REFRESH_INTERVAL_S``.
+(With ``--api-server-count > 1`` vLLM serves a multiprocess registry that these
+series do not reach.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from argparse import Namespace
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import REGISTRY
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from autellix_vllm import _vllm_adapter as adapter
+from autellix_vllm.engine_plugin import END_PROGRAM_METHOD, TABLE_METHOD
+from autellix_vllm.identity import IdentityError, validate_id
+
+logger = logging.getLogger(__name__)
+
+TABLE_PATH = "/autellix/v1/engine/table"
+PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
+REFRESH_INTERVAL_S = 1.0
+
+# Monotonic counters of the snapshot -> (metric name, help).
+COUNTERS = {
+    "preemptions": ("autellix_preemptions", "Running calls preempted for a better-level call"),
+    "promotions": ("autellix_promotions", "Waiting calls promoted by anti-starvation"),
+    "demotions": ("autellix_demotions", "Calls demoted a level after spending their quantum"),
+    "calls_admitted": ("autellix_calls_admitted", "Calls registered in the process table"),
+    "calls_finished": ("autellix_calls_finished", "Calls completed (including aborts)"),
+    "calls_aborted": ("autellix_calls_aborted", "Calls aborted before completing"),
+    "calls_without_identity": (
+        "autellix_calls_without_identity",
+        "Calls that arrived without a program id (each ran as its own program)",
+    ),
+}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    body = {"message": message, "type": "invalid_request_error", "param": param, "code": status}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+class TableCache:
+    """The latest table snapshot, for the synchronous Prometheus collector."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] = {}
+
+    async def refresh(self, engine_client: Any) -> dict[str, Any]:
+        self.snapshot = await adapter.call_engine_utility(engine_client, TABLE_METHOD)
+        return self.snapshot
+
+    async def refresh_forever(self, engine_client: Any) -> None:
+        while True:
+            try:
+                await self.refresh(engine_client)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the engine may be starting or gone; try again later
+                logger.debug("autellix table refresh failed", exc_info=True)
+            await asyncio.sleep(REFRESH_INTERVAL_S)
+
+
+class TableCollector(Collector):
+    def __init__(self, cache: TableCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Any]:
+        snapshot = self.cache.snapshot
+        if "queue_depth" not in snapshot:  # not fetched yet, or stock vLLM's scheduler
+            return
+        yield GaugeMetricFamily(
+            "autellix_programs", "Programs in the process table", len(snapshot["programs"])
+        )
+        yield GaugeMetricFamily(
+            "autellix_running_calls", "Calls in the running batch", snapshot.get("running", 0)
+        )
+        depth = GaugeMetricFamily(
+            "autellix_queue_depth", "Waiting calls per priority level", labels=["level"]
+        )
+        for level, count in enumerate(snapshot.get("queue_depth", [])):
+            depth.add_metric([str(level)], count)
+        yield depth
+        for key, (name, help_text) in COUNTERS.items():
+            if key in snapshot:
+                yield CounterMetricFamily(name, help_text, snapshot[key])
+
+
+_cache = TableCache()
+_collector: TableCollector | None = None
+
+
+def register_metrics() -> None:
+    """Register the collector on the default registry, once per process."""
+    global _collector
+    if _collector is None:
+        _collector = TableCollector(_cache)
+        REGISTRY.register(_collector)
+
+
+def build_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get(TABLE_PATH)
+    async def get_table(request: Request) -> JSONResponse:
+        engine_client = getattr(request.app.state, "autellix_engine_client", None)
+        if engine_client is None:
+            return error_response(503, "no engine behind this server")
+        return JSONResponse(await _cache.refresh(engine_client))
+
+    @router.delete(PROGRAM_PATH)
+    async def end_program(program_id: str, request: Request) -> JSONResponse:
+        try:
+            validate_id(program_id, "program_id")
+        except IdentityError as exc:
+            return error_response(400, str(exc), exc.param)
+        engine_client = getattr(request.app.state, "autellix_engine_client", None)
+        if engine_client is None:
+            return error_response(503, "no engine behind this server")
+        ended = await adapter.call_engine_utility(engine_client, END_PROGRAM_METHOD, program_id)
+        if not ended:
+            return error_response(404, f"no program {program_id!r} in the table", "program_id")
+        return JSONResponse({"program_id": program_id, "ended": True})
+
+    return router
+
+
+class AutellixEndpointPlugin:
+    """Factory target of the entry point; vLLM instantiates it with no arguments."""
+
+    name = "autellix_endpoint"
+    required_tasks = ("generate",)
+
+    def __init__(self) -> None:
+        self._refresher: asyncio.Task[None] | None = None
+
+    def attach_router(self, app: FastAPI) -> None:
+        app.include_router(build_router())
+
+    async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
+        state.autellix_engine_client = engine_client
+        if engine_client is None:
+            return
+        register_metrics()
+        if self._refresher is None:
+            self._refresher = asyncio.get_running_loop().create_task(
+                _cache.refresh_forever(engine_client), name="autellix-table-refresh"
+            )

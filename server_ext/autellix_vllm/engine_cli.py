@@ -1,0 +1,124 @@
+"""``autellix engine``: run one vLLM server with the Autellix scheduler until Ctrl-C.
+
+    autellix engine                          # the embedded tiny model, port 8000
+    autellix engine --model /path/to/model --port 8001 -- --max-num-batched-tokens 2048
+
+Everything after ``--`` goes to vLLM unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from autellix_vllm.cli import UsageError
+from autellix_vllm.launcher import EngineConfig, EngineProcess, EngineStartError
+
+
+def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
+    parser = subparsers.add_parser(
+        name,
+        help="run one vLLM server with the Autellix scheduler",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_engine_arguments(parser)
+    parser.add_argument(
+        "--startup-timeout", type=float, default=600.0, help="seconds to wait for /health"
+    )
+    parser.add_argument("vllm_args", nargs="*", help="extra vLLM arguments, after --")
+    parser.set_defaults(func=run)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine flags, shared with commands that start engines (serve, bench)."""
+    defaults = EngineConfig()
+    parser.add_argument("--model", help="model path or name (default: the embedded tiny model)")
+    parser.add_argument("--served-model-name", help="name clients use (default: the model's)")
+    parser.add_argument("--host", default=defaults.host)
+    parser.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=defaults.kv_cache_gib,
+        help="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=["autellix", "fcfs"],
+        default=defaults.scheduler,
+        help="fcfs runs stock vLLM (a baseline)",
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default=defaults.device)
+    parser.add_argument("--log-file", type=Path, help="also append the server's output here")
+
+
+def engine_config_from_args(args: argparse.Namespace, **overrides: object) -> EngineConfig:
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    for flag in ("max_num_seqs", "max_model_len", "kv_cache_gib"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
+    if (
+        args.model is not None
+        and args.model.startswith(("/", "."))
+        and not Path(args.model).exists()
+    ):
+        raise UsageError(f"--model {args.model}: no such path")
+    values = dict(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        kv_cache_gib=args.kv_cache_gib,
+        scheduler=args.scheduler,
+        device=args.device,
+        log_file=args.log_file,
+        extra_args=list(getattr(args, "vllm_args", None) or []),
+    )
+    values.update(overrides)
+    return EngineConfig(**values)  # type: ignore[arg-type]
+
+
+def run(args: argparse.Namespace) -> int:
+    engine = EngineProcess(engine_config_from_args(args, echo=True))
+    _stop_on_signals()
+    try:
+        engine.start()
+        engine.wait_healthy(args.startup_timeout)
+        print(
+            f"autellix engine: ready at {engine.base_url}/v1"
+            f" (model {engine.served_model_name!r}); Ctrl-C stops it",
+            file=sys.stderr,
+        )
+        code = engine.process.wait() if engine.process else 0
+        print(f"autellix engine: vLLM server exited with code {code}", file=sys.stderr)
+        return code or 1
+    except EngineStartError as exc:
+        print(f"autellix engine: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.stop()
+
+
+def _stop_on_signals() -> None:
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt, so `finally` stops the tree.
+
+    SIGINT is set explicitly because a shell starts background jobs with it
+    ignored, and Python then never raises KeyboardInterrupt. The server runs in
+    its own process group, so a terminal's Ctrl-C reaches only us and we stop
+    the server in order.
+    """
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

@@ -1,0 +1,109 @@
+"""The default model: a tiny random-weight Llama that vLLM's CPU build can serve.
+
+Nothing is downloaded. The model folder holds a ``config.json`` and a
+character-level tokenizer; the weights come from ``--load-format dummy``
+(random), so the text is gibberish but every token is printable and its
+length is controlled with ``max_tokens`` and ``ignore_eos``.
+
+The folder is built once, atomically (written beside the final folder and
+renamed), so concurrent first uses never see half a model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import string
+import tempfile
+from pathlib import Path
+
+# Bump when the files written below change, so stale caches are rebuilt.
+TINY_MODEL_VERSION = 1
+SERVED_MODEL_NAME = "autellix-tiny"
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0..3
+# Every printable ASCII character plus newline: the model can emit any text.
+# (string.printable also has tab, carriage return, vertical tab and form feed;
+# only newline is kept of the whitespace controls.)
+CHARACTERS = [c for c in string.printable if c.isprintable()] + ["\n"]
+
+# Renders `role: content` lines and ends with the assistant's turn.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def default_cache_dir() -> Path:
+    """``$AUTELLIX_CACHE`` if set, else ``~/.cache/autellix``."""
+    root = os.environ.get("AUTELLIX_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "autellix"
+
+
+def tiny_model_dir(cache_dir: Path | None = None) -> Path:
+    return (cache_dir or default_cache_dir()) / f"tiny-llama-v{TINY_MODEL_VERSION}"
+
+
+def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
+    """Return the tiny model's folder, building it first if it is missing."""
+    target = tiny_model_dir(cache_dir)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=target.parent))
+    try:
+        _write_tokenizer(staging)
+        _write_model_config(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            # Another process finished first; its folder is as good as ours.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _write_tokenizer(folder: Path) -> None:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # One token per character: split on the empty pattern, keep every piece.
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(""), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    wrapped.save_pretrained(folder)
+
+
+def _write_model_config(folder: Path) -> None:
+    from transformers import LlamaConfig
+
+    # head_dim = hidden / heads = 32: the smallest size CPU attention supports.
+    config = LlamaConfig(
+        # Exactly the tokenizer's vocabulary, so every sampled id decodes.
+        vocab_size=len(SPECIAL_TOKENS) + len(CHARACTERS),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    config.save_pretrained(folder)

@@ -1,0 +1,100 @@
+"""How the launcher builds the server's command line and environment (no engine)."""
+
+import subprocess
+import sys
+
+import pytest
+from autellix_vllm import launcher
+from autellix_vllm.launcher import EngineConfig, EngineProcess, EngineStartError
+
+
+def flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_cpu_command_uses_the_autellix_scheduler_and_cpu_flags():
+    cmd = launcher.server_command(EngineConfig(max_num_seqs=3), "/m", 8123)
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(cmd, "--scheduler-cls") == "autellix_vllm.scheduler.AutellixScheduler"
+    assert flag(cmd, "--scheduling-policy") == "priority"
+    assert flag(cmd, "--middleware") == "autellix_vllm.middleware.IdentityMiddleware"
+    assert flag(cmd, "--load-format") == "dummy"
+    assert flag(cmd, "--dtype") == "float32"
+    assert flag(cmd, "--max-num-seqs") == "3"
+    assert flag(cmd, "--port") == "8123"
+    assert "--enforce-eager" in cmd
+
+
+def test_fcfs_baseline_is_stock_vllm_with_the_same_flags():
+    autellix = launcher.server_command(EngineConfig(), "/m", 1)
+    fcfs = launcher.server_command(EngineConfig(scheduler="fcfs"), "/m", 1)
+    assert "--scheduler-cls" not in fcfs
+    assert flag(fcfs, "--scheduling-policy") == "fcfs"
+    strip = {"--scheduler-cls", "autellix_vllm.scheduler.AutellixScheduler", "priority", "fcfs"}
+    assert [a for a in autellix if a not in strip] == [a for a in fcfs if a not in strip]
+
+
+def test_gpu_with_an_explicit_model_uses_the_async_scheduler_and_no_cpu_settings(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    config = EngineConfig(model="/models/llama", device="gpu", extra_args=["--foo", "1"])
+    cmd = launcher.server_command(config, "/models/llama", 1)
+    assert flag(cmd, "--scheduler-cls") == "autellix_vllm.scheduler.AutellixAsyncScheduler"
+    assert "--load-format" not in cmd and "--enforce-eager" not in cmd
+    assert cmd[-2:] == ["--foo", "1"]
+    env = launcher.server_environment(config)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_auto_device_is_cpu_for_the_tiny_model(monkeypatch):
+    monkeypatch.setattr(launcher, "gpu_available", lambda: True)
+    assert EngineConfig().resolved_device() == "cpu"
+    assert EngineConfig(model="/m").resolved_device() == "gpu"
+    monkeypatch.setattr(launcher, "gpu_available", lambda: False)
+    assert EngineConfig(model="/m").resolved_device() == "cpu"
+
+
+def test_environment_allowlists_both_plugins_and_keeps_user_plugins(monkeypatch):
+    monkeypatch.setenv("VLLM_PLUGINS", "other,autellix_general")
+    env = launcher.server_environment(EngineConfig(kv_cache_gib=2))
+    assert env["VLLM_PLUGINS"] == "other,autellix_general,autellix_endpoint"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_unknown_scheduler_is_an_error():
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        launcher.server_command(EngineConfig(scheduler="lifo"), "/m", 1)
+
+
+def test_a_server_that_dies_raises_with_its_log_tail_and_leaves_nothing(monkeypatch, tmp_path):
+    # A stand-in "server" that prints and exits: wait_healthy must notice, not hang.
+    script = "import sys; print('boom: no such model'); sys.exit(3)"
+    monkeypatch.setattr(EngineProcess, "command", lambda self: [sys.executable, "-c", script])
+    engine = EngineProcess(EngineConfig(port=0, log_file=tmp_path / "server.log"))
+    with pytest.raises(EngineStartError, match="exited with code 3") as info, engine:
+        pass
+    assert "boom: no such model" in str(info.value)
+    assert "boom" in (tmp_path / "server.log").read_text()
+    assert engine.process.returncode == 3
+
+
+def test_stop_kills_the_whole_process_group(monkeypatch):
+    # A "server" that spawns a grandchild and never becomes healthy.
+    script = (
+        "import subprocess, sys, time;"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+        "print('started', flush=True); time.sleep(600)"
+    )
+    monkeypatch.setattr(EngineProcess, "command", lambda self: [sys.executable, "-c", script])
+    engine = EngineProcess(EngineConfig(port=0)).start()
+    with pytest.raises(EngineStartError, match="not healthy"):
+        engine.wait_healthy(timeout_s=2)
+    pgid = engine.process.pid
+    engine.stop(timeout_s=5)
+    assert not launcher._group_alive(pgid)
+    left = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""

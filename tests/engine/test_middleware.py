@@ -1,0 +1,123 @@
+"""The identity middleware at the ASGI level, in front of a recording app."""
+
+import json
+
+import pytest
+from autellix_vllm.middleware import IdentityMiddleware
+
+
+class RecordingApp:
+    """Stands behind the middleware and remembers what reached it."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def __call__(self, scope, receive, send):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.calls.append((scope, body))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def call(app, body: bytes, headers=(), path="/v1/chat/completions", method="POST", chunks=1):
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": [(b"content-type", b"application/json")]
+        + [(k.encode(), v.encode()) for k, v in headers]
+        + [(b"content-length", str(len(body)).encode())],
+    }
+    size = max(1, -(-len(body) // chunks))
+    pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
+    messages = [
+        {"type": "http.request", "body": piece, "more_body": i < len(pieces) - 1}
+        for i, piece in enumerate(pieces)
+    ]
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    status = sent[0]["status"]
+    return status, b"".join(m.get("body", b"") for m in sent[1:])
+
+
+@pytest.fixture
+def inner():
+    return RecordingApp()
+
+
+@pytest.fixture
+def app(inner):
+    return IdentityMiddleware(inner)
+
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_headers_are_copied_into_vllm_xargs(app, inner):
+    headers = [("X-Autellix-Program-Id", "p1"), ("X-Autellix-Prior-Service", "7")]
+    status, _ = await call(app, json.dumps(BODY).encode(), headers, chunks=3)
+    assert status == 200
+    scope, body = inner.calls[0]
+    forwarded = json.loads(body)
+    assert forwarded["vllm_xargs"] == {"autellix_program_id": "p1", "autellix_prior_service": 7.0}
+    assert forwarded["messages"] == BODY["messages"]
+    lengths = [v for k, v in scope["headers"] if k == b"content-length"]
+    assert lengths == [str(len(body)).encode()]
+
+
+async def test_headers_win_and_other_body_xargs_survive(app, inner):
+    body = {**BODY, "vllm_xargs": {"autellix_program_id": "old", "mine": 1}}
+    await call(app, json.dumps(body).encode(), [("X-Autellix-Program-Id", "new")])
+    forwarded = json.loads(inner.calls[0][1])
+    assert forwarded["vllm_xargs"] == {"autellix_program_id": "new", "mine": 1}
+
+
+async def test_request_without_headers_passes_through_byte_for_byte(app, inner):
+    raw = b'{"model": "m",   "prompt": "x"}'
+    await call(app, raw, path="/v1/completions")
+    assert inner.calls[0][1] == raw
+
+
+async def test_malformed_header_gets_openai_400_and_is_not_forwarded(app, inner):
+    status, content = await call(
+        app, json.dumps(BODY).encode(), [("X-Autellix-Prior-Service", "-2")]
+    )
+    assert status == 400
+    error = json.loads(content)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == "X-Autellix-Prior-Service"
+    assert error["code"] == 400
+    assert ">= 0" in error["message"]
+    assert inner.calls == []
+
+
+async def test_malformed_body_identity_gets_400(app, inner):
+    body = {**BODY, "vllm_xargs": {"autellix_thread_id": "x" * 200}}
+    status, content = await call(app, json.dumps(body).encode())
+    assert status == 400
+    assert json.loads(content)["error"]["param"] == "vllm_xargs.autellix_thread_id"
+    assert inner.calls == []
+
+
+async def test_other_paths_and_unparsable_bodies_are_left_to_vllm(app, inner):
+    header = [("X-Autellix-Program-Id", "p" * 500)]  # would be a 400 on a generation path
+    status, _ = await call(app, b'{"x": 1}', header, path="/tokenize")
+    assert status == 200
+    status, _ = await call(app, b"not json", [("X-Autellix-Program-Id", "p")])
+    assert status == 200
+    status, _ = await call(app, b"", header, path="/health", method="GET")
+    assert status == 200
+    assert [body for _, body in inner.calls] == [b'{"x": 1}', b"not json", b""]

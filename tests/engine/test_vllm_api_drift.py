@@ -1,0 +1,165 @@
+"""Fails loudly when the vLLM internals autellix relies on change shape.
+
+Everything checked here is private vLLM API used by ``autellix_vllm._vllm_adapter``
+(and through it by the scheduler and the plugins). When one of these fails after
+a vLLM upgrade, re-read the named vLLM source before touching the assertion.
+"""
+
+import inspect
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+
+from autellix_vllm import _vllm_adapter as adapter  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.request_queue import RequestQueue  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+
+def params(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def test_vllm_version_is_the_pinned_one():
+    assert vllm.__version__ == adapter.PINNED_VLLM_VERSION == "0.32.0"
+
+
+@pytest.mark.parametrize(
+    ("hook", "expected"),
+    [
+        ("schedule", ["self", "throttle_prefills"]),
+        ("add_request", ["self", "request"]),
+        ("_preempt_request", ["self", "request", "timestamp", "drop_stale_output"]),
+        ("_free_request", ["self", "request", "delay_free_blocks"]),
+        ("_update_after_schedule", ["self", "scheduler_output"]),
+        ("update_from_output", ["self", "scheduler_output", "model_runner_output"]),
+        ("finish_requests", ["self", "request_ids", "finished_status"]),
+        ("_request_blocks_can_be_freed", ["self", "request"]),
+        ("_free_request_blocks", ["self", "request"]),
+        ("has_requests", ["self"]),
+    ],
+)
+def test_scheduler_hooks_keep_their_signatures(hook, expected):
+    assert params(getattr(Scheduler, hook)) == expected
+
+
+def test_scheduler_constructor_keywords_used_by_the_engine():
+    assert params(Scheduler.__init__)[:5] == [
+        "self",
+        "vllm_config",
+        "kv_cache_config",
+        "structured_output_manager",
+        "block_size",
+    ]
+
+
+def test_async_scheduler_is_a_scheduler_overriding_the_output_hooks():
+    assert issubclass(AsyncScheduler, Scheduler)
+    assert "_update_after_schedule" in vars(AsyncScheduler)
+    # Our mixin must not be bypassed: AsyncScheduler must not override these.
+    for hook in ("schedule", "add_request", "_free_request", "update_from_output"):
+        assert hook not in vars(AsyncScheduler), hook
+
+
+def test_request_queue_abstract_methods_are_the_ones_we_implement():
+    assert RequestQueue.__abstractmethods__ == {
+        "add_request",
+        "pop_request",
+        "peek_request",
+        "prepend_request",
+        "prepend_requests",
+        "remove_request",
+        "remove_requests",
+        "__bool__",
+        "__len__",
+        "__iter__",
+    }
+
+
+def test_preemption_and_enqueue_go_through_the_waiting_queue():
+    # ProgramRequestQueue learns of preemptions only through these calls.
+    assert "self.waiting.prepend_request(request)" in inspect.getsource(Scheduler._preempt_request)
+    assert "self.waiting.add_request(request)" in inspect.getsource(
+        Scheduler._enqueue_waiting_request
+    )
+    # And vLLM builds `waiting` in __init__, before our mixin replaces it.
+    assert "self.waiting = create_request_queue" in inspect.getsource(Scheduler.__init__)
+
+
+def test_request_constructor_and_fields():
+    names = params(Request.__init__)
+    for name in (
+        "request_id",
+        "prompt_token_ids",
+        "sampling_params",
+        "pooling_params",
+        "arrival_time",
+        "priority",
+        "block_hasher",
+        "session_id",
+    ):
+        assert name in names, name
+    source = inspect.getsource(Request)
+    for attribute in (
+        "self.session_id",
+        "self.num_computed_tokens",
+        "self.num_output_placeholders",
+        "self.num_prompt_tokens",
+        "def num_tokens(",
+        "def num_tokens_with_spec(",
+    ):
+        assert attribute in source, attribute
+    assert RequestStatus.FINISHED_ABORTED.name == "FINISHED_ABORTED"
+
+
+def test_scheduler_output_has_per_request_token_counts():
+    assert "num_scheduled_tokens" in SchedulerOutput.__dataclass_fields__
+
+
+def test_scheduler_state_our_mixin_reads(harness):
+    scheduler = harness.scheduler(cls=Scheduler)
+    for attribute in ("running", "requests", "kv_holding_waiting", "max_num_scheduled_tokens"):
+        assert hasattr(scheduler, attribute), attribute
+    assert adapter.batch_seats(scheduler) == 4
+    assert adapter.total_kv_blocks(scheduler) == 1000
+    assert adapter.free_kv_blocks(scheduler) == 999  # one null block
+    assert adapter.token_budget(scheduler) == 2048
+
+
+def test_engine_core_runs_utility_methods_by_name():
+    from vllm.v1.engine.core import EngineCore, EngineCoreProc
+    from vllm.v1.engine.core_client import AsyncMPClient
+
+    # The engine process runs EngineCoreProc; methods added to EngineCore reach it.
+    assert issubclass(EngineCoreProc, EngineCore)
+    source = inspect.getsource(EngineCoreProc._handle_client_request)
+    assert "getattr(self, method_name)" in source
+    assert params(AsyncMPClient.call_utility_async)[:2] == ["self", "method"]
+
+
+def test_endpoint_plugin_matches_vllms_protocol():
+    from autellix_vllm.endpoint_plugin import AutellixEndpointPlugin
+    from vllm.plugins.endpoint_plugins.interface import EndpointPlugin
+
+    assert isinstance(AutellixEndpointPlugin(), EndpointPlugin)
+    assert params(EndpointPlugin.init_state) == ["self", "engine_client", "state", "args"]
+
+
+def test_general_plugin_installs_engine_core_methods_idempotently():
+    from autellix_vllm import engine_plugin
+    from vllm.v1.engine.core import EngineCore
+
+    engine_plugin.register()
+    engine_plugin.register()
+    assert EngineCore.autellix_table is engine_plugin.engine_table
+    assert EngineCore.autellix_end_program is engine_plugin.engine_end_program
+
+
+def test_middleware_classes_are_added_without_arguments():
+    from vllm.entrypoints.serve.middleware import register
+
+    source = inspect.getsource(register.init_entrypoints_middleware)
+    assert "app.add_middleware(imported)" in source
