@@ -57,6 +57,7 @@ class ProgramScheduler:
         self.policy = policy
         self.config = config or PolicyConfig()
         self.levels = self.config.levels
+        self._last_level = len(self.levels) - 1
         self.meter = self.config.meter
         self.table = table or ProcessTable(self.config.idle_ttl_s)
         self.waiting = WaitQueue()
@@ -145,8 +146,7 @@ class ProgramScheduler:
         if not self.policy.uses_levels:
             return
         call.quantum_left -= amount
-        last = len(self.levels) - 1
-        while call.quantum_left <= 0 and call.level < last:
+        while call.quantum_left <= 0 and call.level < self._last_level:
             call.level += 1
             call.quantum_left += self.levels.quanta[call.level]
             call.seq = next(self._seq)  # it joins the tail of its new level
@@ -155,7 +155,7 @@ class ProgramScheduler:
 
     def next_demotion(self, call: Call) -> float:
         """Service ``call`` can still attain before its next demotion (inf if none)."""
-        if not self.policy.uses_levels or call.level >= len(self.levels) - 1:
+        if not self.policy.uses_levels or call.level >= self._last_level:
             return float("inf")
         return max(call.quantum_left, 0.0)
 
@@ -215,6 +215,7 @@ class ProgramScheduler:
         program.wait += call.total_wait
         program.last_completion_s = now_s
         program.calls_completed += 1
+        self.table.touch(program)
         self.policy.complete(call, charged)
         if program.active_calls.get(call.call_id) is call:
             del program.active_calls[call.call_id]

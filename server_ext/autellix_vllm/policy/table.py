@@ -138,7 +138,8 @@ class ProcessTable:
 
     def __init__(self, idle_ttl_s: float = 600.0) -> None:
         self.idle_ttl_s = idle_ttl_s
-        self._programs: dict[str, Program] = {}
+        # Least recently active first, so idle programs are found without a full scan.
+        self._programs: OrderedDict[str, Program] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -153,14 +154,21 @@ class ProcessTable:
         return self._programs.get(program_id)
 
     def open(self, program_id: str, now_s: float, name: str | None = None) -> Program:
-        """The program ``program_id``, created if it is new."""
+        """The program ``program_id``, created if it is new, marked active at ``now_s``."""
         program = self._programs.get(program_id)
         if program is None:
             program = Program(program_id, name=name, created_s=now_s, last_arrival_s=now_s)
             self._programs[program_id] = program
-        elif name and not program.name:
-            program.name = name
+        else:
+            self._programs.move_to_end(program_id)
+            if name and not program.name:
+                program.name = name
         return program
+
+    def touch(self, program: Program) -> None:
+        """The program did something (a call completed): it is the most recently active."""
+        if program.program_id in self._programs:
+            self._programs.move_to_end(program.program_id)
 
     def end(self, program_id: str) -> bool:
         """End a program: dropped now, or when its last in-flight call completes."""
@@ -180,9 +188,12 @@ class ProcessTable:
     def evict_idle(self, now_s: float) -> list[str]:
         """Drop programs with nothing in flight whose last activity is older than the TTL."""
         dropped = []
-        for pid, program in list(self._programs.items()):
+        for pid, program in self._programs.items():
             last = max(program.last_arrival_s, program.last_completion_s or 0.0)
-            if not program.active_calls and now_s - last >= self.idle_ttl_s:
-                del self._programs[pid]
+            if now_s - last < self.idle_ttl_s:
+                break  # everything after it was active more recently
+            if not program.active_calls:
                 dropped.append(pid)
+        for pid in dropped:
+            del self._programs[pid]
         return dropped

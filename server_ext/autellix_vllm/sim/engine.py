@@ -48,7 +48,7 @@ class ProgramRun:
     threads: int = 1
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """One call on one engine."""
 
@@ -56,6 +56,7 @@ class Job:
     program: ProgramRun
     ready_s: float
     call: Call | None = None
+    prompt: int = 0  # at least one token, as in vLLM
     computed: int = 0  # tokens whose KV exists (prefix hit + prefilled + decoded)
     decoded: int = 0
     hit_blocks: int = 0  # leading blocks shared with the program's cached prefix
@@ -64,14 +65,14 @@ class Job:
     wait_s: float = 0.0
     recomputed: int = 0
 
-    @property
-    def target(self) -> int:
-        """Tokens that need KV before the next token can be sampled."""
-        return self.spec.prompt_tokens + self.decoded
+    def __post_init__(self) -> None:
+        self.prompt = max(self.spec.prompt_tokens, 1)
 
     @property
-    def prefilling(self) -> bool:
-        return self.computed < self.target
+    def missing(self) -> int:
+        """Tokens without KV yet: the prompt and, once decoding, the last sampled
+        token. After a preemption, everything again."""
+        return self.prompt + self.decoded - self.computed
 
     @property
     def decode_left(self) -> int:
@@ -83,7 +84,11 @@ def _blocks(tokens: int, block_size: int) -> int:
 
 
 class KVPool:
-    """Blocks in use by running calls plus a per-program LRU prefix cache."""
+    """Blocks in use by running calls plus a per-program LRU prefix cache.
+
+    A program's cache entry is the longest context of it that was computed here;
+    entries whose blocks a running call shares (a prefix hit) are pinned.
+    """
 
     def __init__(self, capacity: int, block_size: int, prefix_caching: bool) -> None:
         self.capacity = capacity
@@ -91,6 +96,7 @@ class KVPool:
         self.prefix_caching = prefix_caching
         self.used = 0
         self.cached_blocks = 0
+        self.pinned_blocks = 0
         self.cache: OrderedDict[str, int] = OrderedDict()  # program -> cached tokens
         self.pins: dict[str, int] = {}
         self.hit_tokens = 0
@@ -100,17 +106,28 @@ class KVPool:
     def free(self) -> int:
         return self.capacity - self.used - self.cached_blocks
 
+    @property
+    def reclaimable(self) -> int:
+        """Blocks that are free or can be freed by evicting unpinned cache entries."""
+        return self.capacity - self.used - self.pinned_blocks
+
     def reclaim(self, need: int) -> bool:
-        """Evict least recently used, unpinned cache entries until ``need`` blocks are free."""
-        if self.free >= need:
+        """Evict least recently used, unpinned entries until ``need`` blocks are free."""
+        freed = self.free
+        if freed >= need:
             return True
-        for pid in list(self.cache):
-            if self.pins.get(pid):
-                continue
+        if self.reclaimable < need:
+            return False
+        victims = []
+        for pid, tokens in self.cache.items():
+            if pid not in self.pins:
+                victims.append(pid)
+                freed += _blocks(tokens, self.block_size)
+                if freed >= need:
+                    break
+        for pid in victims:
             self.cached_blocks -= _blocks(self.cache.pop(pid), self.block_size)
-            if self.free >= need:
-                return True
-        return False
+        return True
 
     def hit(self, job: Job) -> int:
         """Full blocks of ``job``'s prompt its program has cached here (at least one token
@@ -118,7 +135,7 @@ class KVPool:
         if not self.prefix_caching:
             return 0
         cached = self.cache.get(job.program.program_id, 0)
-        return max(0, min(cached, job.target - 1)) // self.block_size
+        return max(0, min(cached, job.missing - 1)) // self.block_size
 
     def admit(self, job: Job, hit_blocks: int) -> None:
         pid = job.program.program_id
@@ -126,7 +143,10 @@ class KVPool:
         job.computed = hit_blocks * self.block_size
         if hit_blocks:
             self.cache.move_to_end(pid)
-            self.pins[pid] = self.pins.get(pid, 0) + 1
+            if pid not in self.pins:
+                self.pins[pid] = 0
+                self.pinned_blocks += _blocks(self.cache[pid], self.block_size)
+            self.pins[pid] += 1
 
     def grow(self, job: Job, tokens: int) -> bool:
         """Make room for ``tokens`` more of ``job``'s KV; False if the pool is full."""
@@ -142,17 +162,22 @@ class KVPool:
     def release(self, job: Job) -> None:
         """The job left the batch; with prefix caching its KV stays cached."""
         pid = job.program.program_id
+        bs = self.block_size
         self.used -= job.own_blocks
         job.own_blocks = 0
         if job.hit_blocks:
+            job.hit_blocks = 0
             self.pins[pid] -= 1
             if not self.pins[pid]:
                 del self.pins[pid]
-        job.hit_blocks = 0
+                self.pinned_blocks -= _blocks(self.cache[pid], bs)
         if self.prefix_caching and job.computed:
             old = self.cache.get(pid, 0)
             new = max(old, job.computed)
-            self.cached_blocks += _blocks(new, self.block_size) - _blocks(old, self.block_size)
+            grown = _blocks(new, bs) - _blocks(old, bs)
+            self.cached_blocks += grown
+            if pid in self.pins:
+                self.pinned_blocks += grown
             self.cache[pid] = new
             self.cache.move_to_end(pid)
             self.reclaim(0)
@@ -161,9 +186,10 @@ class KVPool:
 
 @dataclass
 class Step:
-    """What one (macro) step runs: tokens per job, its length and repeat count."""
+    """What one (macro) step runs, how long one step takes and how often it repeats."""
 
-    plan: dict[Job, int]
+    decodes: list[Job]
+    prefills: list[tuple[Job, int]]  # job, prompt tokens computed this step
     duration: float
     repeat: int
     started: float
@@ -222,49 +248,55 @@ class SimEngine:
             self._preempt(victim.payload, now)
 
         budget = preset.token_budget
-        plan: dict[Job, int] = {}
-        preempted = False
+        decodes: list[Job] = []
+        prefills: list[tuple[Job, int]] = []
+
+        def plan(job: Job, tokens: int) -> None:
+            if job.missing == 1:  # the last sampled token: a decode
+                decodes.append(job)
+            else:
+                prefills.append((job, tokens))
+
+        preempted: set[Job] = set()
         for job in sorted(self.running, key=lambda j: core.rank(j.call)):
-            if job not in self.running or budget <= 0:
+            if job in preempted or budget <= 0:
                 continue
-            tokens = min(job.target - job.computed, budget) if job.prefilling else 1
+            tokens = min(job.missing, budget)
             while not self.kv.grow(job, tokens):
                 victim = max(self.running, key=lambda j: core.rank(j.call))
                 self._preempt(victim, now)
-                preempted = True
+                preempted.add(victim)
                 if victim is job:
                     break
             else:
-                plan[job] = tokens
+                plan(job, tokens)
                 budget -= tokens
 
         if not preempted:
             while budget > 0 and self._free_seats() > 0 and core.waiting:
                 job = core.peek().payload
-                hit = self.kv.hit(job)
-                self.kv.admit(job, hit)
-                tokens = min(job.target - job.computed, budget) if job.prefilling else 1
+                self.kv.admit(job, self.kv.hit(job))
+                tokens = min(job.missing, budget)
                 if not self.kv.grow(job, tokens):
                     self.kv.release(job)  # back out: it waits for blocks
                     break
                 core.start(job.call)
                 self.kv.hit_tokens += job.computed
-                self.kv.prompt_tokens += job.target
+                self.kv.prompt_tokens += job.computed + job.missing
                 job.wait_s += now - job.wait_since
                 self.running.append(job)
-                plan[job] = tokens
+                plan(job, tokens)
                 budget -= tokens
 
-        if not plan:
+        if not decodes and not prefills:
             if self.running or core.waiting:
                 raise RuntimeError(f"engine {self.name}: a call does not fit in an empty engine")
             self.step = None
             return None
-        prefill = sum(n for j, n in plan.items() if j.prefilling)
-        decode = len(plan) if not prefill else sum(1 for j in plan if not j.prefilling)
-        duration = preset.step_time(decode, prefill)
-        repeat = 1 if prefill else self._steady_steps(plan, duration)
-        self.step = Step(plan, duration, repeat, now)
+        prefill_tokens = sum(n for _, n in prefills)
+        duration = preset.step_time(len(decodes), prefill_tokens)
+        repeat = self._steady_steps(decodes, duration) if not prefills else 1
+        self.step = Step(decodes, prefills, duration, repeat, now)
         return self.step
 
     def truncate(self, now: float) -> bool:
@@ -289,22 +321,23 @@ class SimEngine:
         assert step is not None
         core, k = self.core, step.repeat
         now = step.started + step.duration * k
-        total_tokens = sum(step.plan.values())
+        # Engine time is split among the calls by their share of the step's tokens.
+        per_token = step.duration * k / (len(step.decodes) + sum(n for _, n in step.prefills))
         self.steps += k
         finished = []
-        for job, tokens in step.plan.items():
-            seconds = step.duration * k * tokens / total_tokens
-            if job.prefilling:
-                job.computed += tokens
-                sampled = int(job.computed >= job.target)  # the last chunk samples a token
-                job.decoded += sampled
-                job.program.remaining_work -= sampled
-                core.charge(job.call, sampled, prefill_tokens=tokens, seconds=seconds)
-            else:
-                job.computed += k
-                job.decoded += k
-                job.program.remaining_work -= k
-                core.charge(job.call, decode_tokens=k, seconds=seconds)
+        for job, tokens in step.prefills:
+            job.computed += tokens
+            sampled = int(job.missing == 0)  # the last chunk samples a token
+            job.decoded += sampled
+            job.program.remaining_work -= sampled
+            core.charge(job.call, sampled, prefill_tokens=tokens, seconds=per_token * tokens)
+            if job.decode_left <= 0:
+                finished.append(job)
+        for job in step.decodes:  # k steps: each computes the last token, samples one more
+            job.computed += k
+            job.decoded += k
+            job.program.remaining_work -= k
+            core.charge(job.call, decode_tokens=k, seconds=per_token)
             if job.decode_left <= 0:
                 finished.append(job)
         core.advance(now, steps=k)
@@ -330,16 +363,13 @@ class SimEngine:
         job.wait_since = now
         self.core.preempt(job.call)
 
-    def _steady_steps(self, plan: dict[Job, int], duration: float) -> int:
+    def _steady_steps(self, plan: list[Job], duration: float) -> int:
         """How many identical decode-only steps can run before anything changes."""
         core = self.core
         k = min(job.decode_left for job in plan)
         # Enough free blocks for every job to cross its block boundaries?
         bs = self.kv.block_size
-        spare = self.kv.free + sum(
-            _blocks(n, bs) for pid, n in self.kv.cache.items() if not self.kv.pins.get(pid)
-        )
-        k = min(k, max(1, (spare // len(plan)) * bs))
+        k = min(k, max(1, (self.kv.reclaimable // len(plan)) * bs))
         if core.waiting:
             # A demotion or a starvation promotion may let a waiter preempt.
             per_step = core.meter.amount(1, 0, duration / len(plan))
