@@ -1,0 +1,169 @@
+"""Against one real vLLM CPU engine (tests/conftest.py ``engine``), over real HTTP."""
+
+import asyncio
+import uuid
+
+import aiohttp
+import openai
+import pytest
+
+pytestmark = pytest.mark.engine
+
+PREFILL_WEIGHT = 0.0625  # the policy's default token-equivalent of a prefilled token
+
+
+@pytest.fixture
+async def client(engine):
+    base_url = engine.base_url + "/v1"
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def get_table(engine) -> dict:
+    url = engine.base_url + "/autellix/v1/engine/table"
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        assert response.status == 200
+        return await response.json()
+
+
+def find(table, program_id):
+    return next((p for p in table["programs"] if p["program_id"] == program_id), None)
+
+
+async def run_program(client, model, program_id, threads, calls_per_thread, max_tokens):
+    """Sequential calls per thread, threads concurrent; returns the expected service."""
+
+    async def thread(thread_id):
+        service = 0.0
+        for n in range(calls_per_thread):
+            headers = {
+                "X-Autellix-Program-Id": program_id,
+                "X-Autellix-Thread-Id": thread_id,
+                "X-Autellix-Call-Id": f"{thread_id}-{n}",
+            }
+            answer = await client.completions.create(
+                model=model,
+                prompt=f"step {n} of {thread_id}: think",
+                max_tokens=max_tokens,
+                extra_body={"ignore_eos": True},
+                extra_headers=headers,
+            )
+            usage = answer.usage
+            assert usage.completion_tokens == max_tokens
+            # One token is sampled per step; every other computed token is prefill
+            # (prompts are shorter than one 128-token block: no prefix-cache hits).
+            service += usage.completion_tokens + PREFILL_WEIGHT * (usage.prompt_tokens - 1)
+        return service
+
+    return sum(await asyncio.gather(*(thread(t) for t in threads)))
+
+
+async def test_concurrent_programs_appear_in_the_table_with_their_service(engine, client):
+    programs = {unique("solo"): ["main"], unique("duo"): ["main", "side"], unique("trio"): ["t"]}
+    expected = await asyncio.gather(
+        *(
+            run_program(client, engine.served_model_name, pid, threads, 2, max_tokens=12)
+            for pid, threads in programs.items()
+        )
+    )
+    table = await get_table(engine)
+    assert table["enabled"] is True and table["scheduler"] == "AutellixScheduler"
+    for (pid, threads), service in zip(programs.items(), expected, strict=True):
+        entry = find(table, pid)
+        assert entry is not None, pid
+        assert entry["calls_completed"] == 2 * len(threads)
+        assert entry["threads"] == len(threads)
+        assert entry["active_calls"] == 0
+        assert entry["attained_service"] == pytest.approx(service)
+    assert table["calls_finished"] >= 8
+    assert len(table["queue_depth"]) >= 2
+
+
+async def test_ending_a_program_removes_it(engine, client):
+    pid = unique("ending")
+    await run_program(client, engine.served_model_name, pid, ["main"], 1, max_tokens=2)
+    assert find(await get_table(engine), pid) is not None
+    url = f"{engine.base_url}/autellix/v1/engine/programs/{pid}"
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(url) as response:
+            assert response.status == 200
+            assert await response.json() == {"program_id": pid, "ended": True}
+        async with http.delete(url) as response:
+            assert response.status == 404
+            assert (await response.json())["error"]["param"] == "program_id"
+    assert find(await get_table(engine), pid) is None
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("X-Autellix-Prior-Service", "-1"),
+        ("X-Autellix-Prior-Service", "lots"),
+        ("X-Autellix-Program-Id", "p" * 129),
+        # (HTTP itself forbids most control characters in headers; tab gets through.)
+        ("X-Autellix-Thread-Id", "tab\there"),
+    ],
+)
+async def test_malformed_identity_headers_get_an_openai_400(engine, client, header, value):
+    pid = unique("rejected")
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.chat.completions.create(
+            model=engine.served_model_name,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            extra_headers={"X-Autellix-Program-Id": pid, header: value},
+        )
+    assert info.value.status_code == 400
+    error = info.value.body
+    assert error["type"] == "invalid_request_error" and error["param"] == header
+    assert find(await get_table(engine), pid) is None  # never reached the engine
+
+
+async def test_malformed_identity_in_the_body_gets_an_openai_400(engine, client):
+    pid = unique("rejected")
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.completions.create(
+            model=engine.served_model_name,
+            prompt="hi",
+            max_tokens=2,
+            extra_body={"vllm_xargs": {"autellix_program_id": pid, "autellix_call_id": "a\x00b"}},
+        )
+    assert info.value.body["param"] == "vllm_xargs.autellix_call_id"
+    assert find(await get_table(engine), pid) is None
+
+
+async def test_calls_without_identity_are_served_and_counted(engine, client):
+    before = (await get_table(engine))["calls_without_identity"]
+    answer = await client.chat.completions.create(
+        model=engine.served_model_name,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+    )
+    assert answer.choices[0].message.content is not None
+    table = await get_table(engine)
+    assert table["calls_without_identity"] == before + 1
+    assert not any(p["program_id"].startswith("anonymous:") for p in table["programs"])
+
+
+async def test_table_counters_are_on_prometheus_metrics(engine, client):
+    await run_program(client, engine.served_model_name, unique("metered"), ["m"], 1, 2)
+    finished = (await get_table(engine))["calls_finished"]
+    async with aiohttp.ClientSession() as http:
+        for _ in range(20):  # refreshed from the engine about once a second
+            async with http.get(engine.base_url + "/metrics") as response:
+                text = await response.text()
+            values = [
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("autellix_calls_finished_total ")
+            ]
+            if values and values[0] >= finished:
+                break
+            await asyncio.sleep(0.25)
+    assert values and values[0] >= finished
+    assert 'autellix_queue_depth{level="0"}' in text
+    assert "autellix_preemptions_total" in text
