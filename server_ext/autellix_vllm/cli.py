@@ -16,6 +16,7 @@ import sys
 COMMANDS: dict[str, str] = {
     "simulate": "autellix_vllm.sim.cli",
     "engine": "autellix_vllm.engine_cli",
+    "bench": "autellix_vllm.bench.cli",
 }
 
 
@@ -23,11 +24,20 @@ class UsageError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments end with one line naming the problem, not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autellix", description="Serve LLM agents as programs (PLAS/ATLAS on vLLM)."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     for name, module in (commands or COMMANDS).items():
         importlib.import_module(module).add_parser(sub, name)
     return parser
@@ -46,7 +56,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -242,8 +242,12 @@ class ProgramScheduler:
     def _starvation_deadline(self, call: Call) -> float:
         """Wait-clock time at which (W_p + W_c) / (T_p + T_c) reaches beta."""
         cfg = self.config
-        served = max(call.base + call.starve_service, cfg.min_service)
-        waited = call.program.wait + call.starve_wait
+        if self.policy.program_aware:
+            served = max(call.base + call.starve_service, cfg.min_service)
+            waited = call.program.wait + call.starve_wait
+        else:  # only the call itself is known
+            served = max(call.starve_service, cfg.min_service)
+            waited = call.starve_wait
         assert call.wait_started is not None
         return call.wait_started + cfg.beta * served - waited
 

@@ -23,6 +23,8 @@ class Policy(ABC):
     name: str = ""
     # Level policies use the levels (demotion, anti-starvation, preemption).
     uses_levels: bool = True
+    # Program-aware policies count the program's wait and service in anti-starvation.
+    program_aware: bool = True
 
     @abstractmethod
     def base(self, call: Call) -> float:
@@ -63,6 +65,7 @@ class MLFQ(Policy):
     """Program-unaware multi-level feedback queue: every call starts in the top level."""
 
     name = "mlfq"
+    program_aware = False
 
     def base(self, call: Call) -> float:
         return 0.0

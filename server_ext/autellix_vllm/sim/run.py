@@ -85,6 +85,9 @@ def simulate(
     def on_complete(job: Job, now: float) -> None:
         run = job.program
         pid = run.program_id
+        if job.spec.id in run.done:
+            raise RuntimeError(f"call {job.spec.id} of {pid} completed twice")
+        run.done.add(job.spec.id)
         run.calls_left -= 1
         global_service[pid] = global_service.get(pid, 0.0) + job.call.service
         for dep in dependents.get((pid, job.spec.id), ()):
@@ -111,7 +114,15 @@ def simulate(
     ]
     by_name = {e.name: e for e in sims}
 
+    kv_tokens = spec.kv_blocks * spec.block_size
     for p in programs:
+        for c in p.calls:
+            if c.prompt_tokens + c.decode_tokens > kv_tokens:
+                raise ValueError(
+                    f"call {c.id} of program {p.program_id} needs "
+                    f"{c.prompt_tokens + c.decode_tokens} tokens of KV; "
+                    f"an engine of preset {preset} holds {kv_tokens}"
+                )
         runs[p.program_id] = ProgramRun(
             p.program_id, p.arrival, p.kind, len(p.calls), p.decode_tokens,
             float(p.decode_tokens), threads=p.threads,
@@ -179,6 +190,7 @@ def _metrics(
     metrics = {
         "programs": len(runs),
         "calls": len(jobs),
+        "calls_completed": sum(len(r.done) for r in runs.values()),
         "avg_latency_per_token": statistics.fmean(values),
         "p50_latency_per_token": _percentile(values, 50),
         "p95_latency_per_token": _percentile(values, 95),

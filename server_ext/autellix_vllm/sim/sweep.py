@@ -2,10 +2,18 @@
 
 The SLO is a multiple (default 5x) of the unloaded average latency per token,
 measured with the first policy at a rate so low that programs barely overlap.
-For every policy (or policy/balancer pair) the search brackets the rate where
-the average latency per token crosses the SLO by doubling, then bisects. Every
-run uses the same programs (the same seed); only arrival times scale with the
-rate. Runs of different policies go to a process pool in parallel.
+
+A trace at rate r holds the programs that arrive in a fixed window of
+``duration`` seconds (so about r x duration programs): an overloaded engine
+then falls further behind the higher the rate, as a real one would, instead of
+draining a fixed backlog. (With ``programs`` given, every rate replays the same
+programs instead; past the engines' capacity that degenerates into an offline
+batch whose latency no longer grows with the rate.) Program i is the same at
+every rate (same seed); only arrival times scale.
+
+For every policy (or policy/balancer pair) the search doubles the rate until the
+average latency per token exceeds the SLO, then bisects. Policies run in
+parallel in a process pool.
 """
 
 from __future__ import annotations
@@ -20,20 +28,28 @@ from ..policy import PolicyConfig
 from .presets import get_preset
 from .run import simulate
 from .trace import ProgramSpec
-from .workloads import at_rate, generate
+from .workloads import generate
 
 BISECTIONS = 5  # the max rate is then known to within a factor 2**(1/32), ~2%
-SEARCH_LIMIT = 4.0  # search no further than 4x the engines' nominal capacity
+SEARCH_LIMIT = 8.0  # search no further than 8x the engines' nominal capacity
+DEFAULT_DURATION = {"sharegpt": 300.0, "bfcl": 120.0, "lats": 600.0, "mixed": 300.0}
 
 
 @dataclass(frozen=True)
 class SweepSetup:
-    programs: list[ProgramSpec]  # arrivals at rate 1.0
+    workload: str
+    seed: int
     engines: int
     preset: str
     max_num_seqs: int | None
     config: PolicyConfig
+    duration: float
+    programs: int | None = None  # a fixed count instead of a fixed window
     slo: float = 0.0
+
+    def trace(self, rate: float) -> list[ProgramSpec]:
+        count = self.programs or max(1, round(rate * self.duration))
+        return generate(self.workload, count, rate, self.seed)
 
 
 @dataclass
@@ -45,9 +61,8 @@ class Curve:
 
 
 def _run(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]:
-    programs = at_rate(setup.programs, 1.0 / rate)
     return simulate(
-        programs,
+        setup.trace(rate),
         policy,
         engines=setup.engines,
         lb=lb,
@@ -62,7 +77,8 @@ def capacity_rate(setup: SweepSetup) -> float:
     preset = get_preset(setup.preset).with_max_num_seqs(setup.max_num_seqs)
     seqs = preset.max_num_seqs
     tokens_per_s = seqs / preset.step_time(seqs, 0) * setup.engines
-    mean_decode = sum(p.decode_tokens for p in setup.programs) / len(setup.programs)
+    sample = generate(setup.workload, 300, 1.0, setup.seed)
+    mean_decode = sum(p.decode_tokens for p in sample) / len(sample)
     return tokens_per_s / mean_decode
 
 
@@ -83,24 +99,19 @@ def _search(
             break
         lo, hi = hi, hi * 2
     else:
-        # Within the SLO even far beyond the engines' capacity: with a finite trace
-        # an oracle that starves long programs can stay there; report the limit.
         curve.max_rate, curve.censored = lo, True
-        curve.points.sort(key=lambda p: p[0])
-        return curve
-    if lo == 0.0:
-        lo = hi
-        for _ in range(12):
-            lo /= 2
-            if ok(lo):
+    if lo == 0.0:  # fails at the first rate: halve until it passes
+        hi = start
+        for _ in range(10):
+            if ok(hi / 2):
+                lo = hi / 2
                 break
-        else:
-            curve.points.sort(key=lambda p: p[0])
-            return curve  # fails even nearly unloaded: max rate 0
-    for _ in range(BISECTIONS):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    curve.max_rate = lo
+            hi /= 2
+    if lo and not curve.censored:
+        for _ in range(BISECTIONS):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+        curve.max_rate = lo
     curve.points.sort(key=lambda p: p[0])
     return curve
 
@@ -112,7 +123,8 @@ def sweep(
     lbs: Sequence[str] = ("round-robin",),
     engines: int = 1,
     preset: str = "a100-llama8b",
-    programs: int = 400,
+    duration: float | None = None,
+    programs: int | None = None,
     max_num_seqs: int | None = None,
     seed: int = 0,
     slo_factor: float = 5.0,
@@ -121,33 +133,41 @@ def sweep(
     on_done: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], list[Curve]]:
     """Max rate within the SLO for every policy (and balancer); see the module doc."""
-    if not policies:
-        raise ValueError("name at least one policy")
+    if not policies or not lbs:
+        raise ValueError("name at least one policy and one load balancer")
     if slo_factor <= 1:
         raise ValueError("the SLO factor must be > 1")
+    window = duration or DEFAULT_DURATION[workload]
     setup = SweepSetup(
-        generate(workload, programs, 1.0, seed), engines, preset, max_num_seqs,
-        config or PolicyConfig(),
+        workload, seed, engines, preset, max_num_seqs, config or PolicyConfig(), window, programs
     )
     cap = capacity_rate(setup)
     runs = [(p if len(lbs) == 1 else f"{p}/{lb}", p, lb) for p in policies for lb in lbs]
-    unloaded = _run(setup, runs[0][1], runs[0][2], cap / 200)
+    # Unloaded: programs ~20x further apart than the engines can serve them.
+    low = cap / 20
+    unloaded = _run(
+        SweepSetup(workload, seed, engines, preset, max_num_seqs, setup.config, 100 / low),
+        runs[0][1], runs[0][2], low,
+    )
     slo = slo_factor * unloaded["avg_latency_per_token"]
-    setup = SweepSetup(setup.programs, engines, preset, max_num_seqs, setup.config, slo)
+    setup = SweepSetup(
+        workload, seed, engines, preset, max_num_seqs, setup.config, window, programs, slo
+    )
     curves: list[Curve] = []
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
-            pool.submit(_search, setup, *run, cap / 4, cap * SEARCH_LIMIT) for run in runs
+            pool.submit(_search, setup, *run, cap / 2, cap * SEARCH_LIMIT) for run in runs
         ]
         for future in futures:
             curves.append(future.result())
             if on_done:
                 on_done(curves[-1].key)
     first = curves[0].max_rate
-    result = {
+    return {
         "workload": workload,
         "preset": preset,
         "engines": engines,
+        "duration": None if programs else window,
         "programs": programs,
         "seed": seed,
         "slo": slo,
@@ -155,8 +175,7 @@ def sweep(
         "max_rate": {c.key: c.max_rate for c in curves},
         "ratio": {c.key: (c.max_rate / first if first else math.inf) for c in curves},
         "censored": [c.key for c in curves if c.censored],
-    }
-    return result, curves
+    }, curves
 
 
 def plot(curves: list[Curve], slo: float, title: str, path: str) -> None:

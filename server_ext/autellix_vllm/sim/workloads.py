@@ -13,8 +13,9 @@ Calls per program follow a truncated power law (heavy-tailed, as in the paper's
 distributions); token counts are log-normal. A call's prompt is its program's
 history (earlier prompts' new tokens and outputs) plus its own new tokens, so a
 program's later calls are long and worth a prefix-cache hit. Program arrivals
-are Poisson. The content of program i does not depend on the rate: the same
-seed at another rate gives the same programs, only their arrival times scale.
+are Poisson. The content of program i depends only on the seed and i, not on
+the rate or the count: a longer trace extends a shorter one, and another rate
+only scales the arrival times.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from functools import cache
 from .trace import CallSpec, ProgramSpec
 
 WORKLOADS = ("sharegpt", "bfcl", "lats", "mixed")
-MAX_CONTEXT = 16384
+MAX_CONTEXT = 8192  # a common max_model_len for 8B chat serving; history is truncated
 
 
 @cache
@@ -62,7 +63,7 @@ def _lognormal(rng: random.Random, mean: float, sigma: float, lo: int, hi: int) 
 
 
 def _chain(
-    rng: random.Random, pid: str, kind: str, n: int, system: int, new: float, decode: float,
+    rng: random.Random, pid: str, n: int, system: int, new: float, decode: float,
     decode_sigma: float, gap: float,
 ) -> tuple[CallSpec, ...]:
     """A single-threaded conversation: each call follows the previous one."""
@@ -85,12 +86,12 @@ def _chain(
 
 def sharegpt(rng: random.Random, pid: str) -> tuple[CallSpec, ...]:
     """A chat conversation: decode-heavy turns, replayed back to back."""
-    return _chain(rng, pid, "sharegpt", _calls(rng, 80, 6.66), 0, 256, 277, 0.8, 0.0)
+    return _chain(rng, pid, _calls(rng, 80, 6.66), 0, 256, 277, 0.8, 0.0)
 
 
 def bfcl(rng: random.Random, pid: str) -> tuple[CallSpec, ...]:
     """A ReAct tool-use episode: long system prompt with tool specs, short outputs."""
-    return _chain(rng, pid, "bfcl", _calls(rng, 70, 10.75), 400, 60, 34, 0.6, 0.5)
+    return _chain(rng, pid, _calls(rng, 70, 10.75), 400, 60, 34, 0.6, 0.5)
 
 
 def lats(rng: random.Random, pid: str) -> tuple[CallSpec, ...]:
@@ -141,15 +142,16 @@ def generate(workload: str, programs: int, rate: float, seed: int = 0) -> list[P
         raise ValueError(f"need at least one program, got {programs}")
     content = random.Random(f"{workload}/{seed}/content")
     arrivals = random.Random(f"{workload}/{seed}/arrivals")
-    kinds = (
-        [("sharegpt", "bfcl", "lats")[i % 3] for i in range(programs)]
-        if workload == "mixed"
-        else [workload] * programs
-    )
-    if workload == "mixed":
-        content.shuffle(kinds)
     out, t = [], 0.0
-    for i, kind in enumerate(kinds):
+    mix: list[str] = []
+    for i in range(programs):
+        if workload == "mixed":
+            if not mix:  # an equal mix, shuffled in blocks of three
+                mix = ["sharegpt", "bfcl", "lats"]
+                content.shuffle(mix)
+            kind = mix.pop()
+        else:
+            kind = workload
         pid = f"{kind}-{i}"
         out.append(ProgramSpec(pid, t / rate, _GENERATORS[kind](content, pid), kind=kind))
         t += arrivals.expovariate(1.0)

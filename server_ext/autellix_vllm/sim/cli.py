@@ -1,0 +1,193 @@
+"""``autellix simulate``: run, sweep and benchmark the policies in the simulator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..cli import UsageError
+from ..policy import BALANCER_NAMES, Levels, PolicyConfig, ServiceMeter
+from .presets import PRESETS
+from .run import SIM_POLICIES, simulate
+from .trace import TraceError, load_trace
+from .workloads import WORKLOADS, generate
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _names(allowed: tuple[str, ...] | list[str]) -> Any:
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        bad = [n for n in names if n not in allowed]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(bad) or 'empty list'} (choose from {', '.join(allowed)})"
+            )
+        return names
+
+    return parse
+
+
+def _levels(text: str) -> Levels:
+    try:
+        return Levels(boundaries=tuple(float(x) for x in text.split(",")))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=WORKLOADS, default="sharegpt")
+    p.add_argument("--programs", type=_positive(int), help="programs in the trace")
+    p.add_argument("--engines", type=_positive(int), default=1)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="a100-llama8b")
+    p.add_argument("--max-num-seqs", type=_positive(int), help="override the preset's batch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--levels", type=_levels, help="level boundaries, e.g. 0,128,512,2048")
+    p.add_argument("--beta", type=_positive(float), help="anti-starvation threshold")
+    p.add_argument("--atlas-variant", choices=("program", "thread"))
+    p.add_argument("--service-unit", choices=("tokens", "time"))
+    p.add_argument("--prefill-weight", type=float, help="service per prefilled token")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _config(args: argparse.Namespace) -> PolicyConfig:
+    default = PolicyConfig()
+    meter = ServiceMeter(
+        args.service_unit or default.meter.unit,
+        default.meter.prefill_weight if args.prefill_weight is None else args.prefill_weight,
+    )
+    try:
+        return PolicyConfig(
+            levels=args.levels or default.levels,
+            meter=meter,
+            beta=args.beta or default.beta,
+            atlas_variant=args.atlas_variant or default.atlas_variant,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    parser = sub.add_parser(name, help="simulate policies on modelled engines")
+    commands = parser.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+
+    run = commands.add_parser("run", help="one simulation: latency per token and more")
+    _add_engine_args(run)
+    run.add_argument("--policy", choices=sorted(SIM_POLICIES), default="autellix")
+    run.add_argument("--rate", type=_positive(float), default=1.0, help="programs per second")
+    run.add_argument("--lb", choices=BALANCER_NAMES, default="round-robin")
+    run.add_argument("--trace", help="JSONL trace to replay instead of --workload")
+    run.set_defaults(func=_run)
+
+    sweep = commands.add_parser("sweep", help="max rate within the SLO, per policy")
+    _add_engine_args(sweep)
+    sweep.add_argument(
+        "--policies", type=_names(sorted(SIM_POLICIES)), default=["vllm-opt", "autellix"]
+    )
+    sweep.add_argument("--lb", type=_names(list(BALANCER_NAMES)), default=["round-robin"])
+    sweep.add_argument(
+        "--duration", type=_positive(float),
+        help="seconds of arrivals per trace (default per workload; ignored with --programs)",
+    )
+    sweep.add_argument("--slo-factor", type=_positive(float), default=5.0)
+    sweep.add_argument("--workers", type=_positive(int), default=2)
+    sweep.add_argument("--plot", help="write latency-vs-rate curves to this PNG")
+    sweep.set_defaults(func=_sweep)
+
+    bench = commands.add_parser("bench-policy", help="time per scheduling step of the core")
+    bench.add_argument("--running", type=_positive(int), default=256)
+    bench.add_argument("--waiting", type=_positive(int), default=1000)
+    bench.add_argument("--steps", type=_positive(int), default=2000)
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=_bench)
+
+
+DEFAULT_PROGRAMS = {"sharegpt": 600, "bfcl": 600, "lats": 60, "mixed": 300}
+
+
+def _print(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        shown = f"{value:.6g}" if isinstance(value, float) else value
+        print(f"{key:28s} {shown}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.trace:
+        try:
+            programs = load_trace(args.trace)
+        except TraceError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        n = args.programs or DEFAULT_PROGRAMS[args.workload]
+        programs = generate(args.workload, n, args.rate, args.seed)
+    try:
+        result = simulate(
+            programs,
+            args.policy,
+            engines=args.engines,
+            lb=args.lb,
+            preset=args.preset,
+            max_num_seqs=args.max_num_seqs,
+            config=config,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    source = {"trace": args.trace} if args.trace else {"workload": args.workload, "rate": args.rate}
+    _print({**source, "policy": args.policy, **result.metrics}, args.json)
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .sweep import plot, sweep
+
+    config = _config(args)
+    keys = len(args.policies) * len(args.lb)
+    with tqdm(total=keys, desc=f"sweep {args.workload}", unit="policy", file=sys.stderr) as bar:
+        result, curves = sweep(
+            args.workload,
+            args.policies,
+            lbs=args.lb,
+            engines=args.engines,
+            preset=args.preset,
+            duration=args.duration,
+            programs=args.programs,
+            max_num_seqs=args.max_num_seqs,
+            seed=args.seed,
+            slo_factor=args.slo_factor,
+            config=config,
+            workers=args.workers,
+            on_done=lambda key: bar.update(1),
+        )
+    if args.plot:
+        plot(curves, result["slo"], f"{args.workload}, {args.preset}, {args.engines} engine(s)",
+             args.plot)
+        result["plot"] = args.plot
+    _print(result, args.json)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench_policy import bench_policy
+
+    _print(bench_policy(args.running, args.waiting, steps=args.steps), args.json)
+    return 0

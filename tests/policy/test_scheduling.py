@@ -1,0 +1,252 @@
+"""PLAS, ATLAS, levels, demotion, anti-starvation and preemption choices."""
+
+import pytest
+from autellix_vllm.policy import (
+    ATLAS,
+    FCFS,
+    MLFQ,
+    PLAS,
+    SRPT,
+    Autellix,
+    Levels,
+    PolicyConfig,
+    ProgramScheduler,
+    ServiceMeter,
+    make_policy,
+)
+
+LEVELS = Levels(boundaries=(0.0, 10.0, 100.0, 1000.0))
+
+
+def run_call(core, call_id, program, tokens, now=0.0, **ids):
+    """Arrive, run ``tokens`` decode steps and complete one call."""
+    call = core.add_call(call_id, program, now_s=now, **ids)
+    core.enqueue(call)
+    core.start(call)
+    core.charge(call, decode_tokens=tokens)
+    core.finish(call, now_s=now)
+    return call
+
+
+def make(policy, **config):
+    return ProgramScheduler(policy, PolicyConfig(levels=LEVELS, **config))
+
+
+def test_levels_defaults_and_validation():
+    levels = Levels()
+    assert levels.quanta[-1] == float("inf")
+    assert [levels.level_of(s) for s in (0, 127, 128, 10**9)] == [0, 0, 1, len(levels) - 1]
+    with pytest.raises(ValueError):
+        Levels(boundaries=(1.0, 2.0))
+    with pytest.raises(ValueError):
+        Levels(boundaries=(0.0, 5.0, 5.0))
+    assert Levels.geometric(4, 100, 4).boundaries == (0.0, 100.0, 400.0, 1600.0)
+
+
+def test_plas_starts_a_call_at_its_programs_service():
+    core = make(PLAS())
+    run_call(core, "a1", "long", 150)
+    fresh = core.add_call("b1", "short", now_s=0.0)
+    old = core.add_call("a2", "long", now_s=0.0)
+    assert (fresh.level, old.level) == (0, 2)
+    core.enqueue(old)
+    core.enqueue(fresh)
+    assert core.pop() is fresh  # the program with less service goes first
+
+
+def test_service_unit_counts_weighted_prefill():
+    core = make(PLAS(), meter=ServiceMeter(prefill_weight=0.5))
+    call = core.add_call("a", "p", now_s=0.0)
+    core.charge(call, decode_tokens=2, prefill_tokens=10)
+    assert call.service == 7.0
+    timed = make(PLAS(), meter=ServiceMeter(unit="time"))
+    call = timed.add_call("a", "p", now_s=0.0)
+    timed.charge(call, decode_tokens=2, prefill_tokens=10, seconds=0.25)
+    assert call.service == 0.25
+
+
+def test_demotion_when_quantum_is_spent():
+    core = make(PLAS())
+    call = core.add_call("a1", "p", now_s=0.0)
+    core.enqueue(call)
+    core.start(call)
+    core.charge(call, decode_tokens=9)
+    assert call.level == 0
+    core.charge(call, decode_tokens=1)
+    assert call.level == 1  # 10 units spent the first quantum
+    core.charge(call, decode_tokens=200)
+    assert call.level == 2
+    core.charge(call, decode_tokens=1000)
+    assert call.level == 3 and core.counters.demotions == 3
+    assert core.next_demotion(call) == float("inf")  # the last level keeps it
+
+
+def test_victims_only_across_levels():
+    core = make(PLAS())
+    running = []
+    for i in range(2):
+        call = core.add_call(f"r{i}", f"run{i}", now_s=0.0)
+        core.enqueue(call)
+        core.start(call)
+        core.charge(call, decode_tokens=5)  # still level 0
+        running.append(call)
+    waiter = core.add_call("w", "new", now_s=0.0)
+    core.enqueue(waiter)
+    assert core.victims(running, free_seats=0) == []  # same level: no preemption
+    assert core.victims(running, free_seats=1) == []  # a seat is free
+    core.charge(running[1], decode_tokens=10)  # demoted to level 1
+    assert core.victims(running, free_seats=0) == [running[1]]
+
+
+def test_victims_pair_best_waiters_with_worst_runners():
+    core = make(PLAS())
+    running = []
+    for i, tokens in enumerate((200, 20, 0)):
+        call = core.add_call(f"r{i}", f"run{i}", now_s=0.0)
+        core.enqueue(call)
+        core.start(call)
+        core.charge(call, decode_tokens=tokens)
+        running.append(call)
+    for i in range(3):
+        core.enqueue(core.add_call(f"w{i}", f"new{i}", now_s=0.0))
+    # Levels of the running calls: 2, 1, 0. Waiters are level 0: they displace the
+    # level-2 and level-1 calls, not the level-0 one.
+    assert core.victims(running, free_seats=0) == [running[0], running[1]]
+
+
+def test_fcfs_never_preempts_for_a_waiter():
+    core = ProgramScheduler(FCFS())
+    call = core.add_call("old", "p", now_s=0.0)
+    core.enqueue(call)
+    core.start(call)
+    core.charge(call, decode_tokens=10_000)
+    core.enqueue(core.add_call("new", "q", now_s=1.0))
+    assert core.victims([call], free_seats=0) == []
+
+
+def test_fcfs_keeps_arrival_order_after_preemption():
+    core = ProgramScheduler(FCFS())
+    first = core.add_call("a", "p", now_s=0.0)
+    second = core.add_call("b", "q", now_s=0.0)
+    core.enqueue(first)
+    core.enqueue(second)
+    core.start(core.pop())
+    core.preempt(first)  # goes back ahead of later arrivals, like vLLM's prepend
+    assert core.pop() is first
+
+
+def test_mlfq_is_program_unaware():
+    core = make(MLFQ())
+    run_call(core, "a1", "long", 500)
+    assert core.add_call("a2", "long", now_s=0.0).level == 0
+
+
+def test_atlas_program_variant_takes_the_longest_path():
+    core = make(ATLAS("program"))
+    # Two concurrent threads: both inherit the scalar (0); completion keeps the max.
+    a = core.add_call("a", "p", now_s=0.0, thread_id="t1", parent_thread_id="main")
+    b = core.add_call("b", "p", now_s=0.0, thread_id="t2", parent_thread_id="main")
+    for call, tokens in ((a, 30), (b, 50)):
+        core.enqueue(call)
+        core.start(call)
+        core.charge(call, decode_tokens=tokens)
+    core.finish(a, now_s=1.0)
+    core.finish(b, now_s=1.0)
+    program = core.table.get("p")
+    assert program.critical_path == 50.0  # max(0+30, 0+50), not the sum 80
+    assert program.attained_service == 80.0
+    assert core.add_call("c", "p", now_s=2.0).base == 50.0
+
+
+def test_atlas_thread_variant_forks_and_joins():
+    core = make(ATLAS("thread"))
+    run_call(core, "root", "p", 20, thread_id="main")
+    # Fork: two children start at the parent's critical path, 20.
+    left = run_call(core, "l1", "p", 5, thread_id="left", parent_thread_id="main")
+    right = run_call(core, "r1", "p", 40, thread_id="right", parent_thread_id="main")
+    assert (left.base, right.base) == (20.0, 20.0)
+    # The short branch's next call ranks by its own path (25), not the program's (60).
+    assert core.add_call("l2", "p", now_s=0.0, thread_id="left").base == 25.0
+    # Join: the parent's next call continues from the longest joined child (60).
+    nested = run_call(core, "g1", "p", 7, thread_id="grand", parent_thread_id="right")
+    assert nested.base == 60.0
+    joined = core.add_call("root2", "p", now_s=0.0, thread_id="main")
+    assert joined.base == 67.0  # grandchild's path 60 + 7 counts too
+
+
+def test_autellix_is_plas_on_one_thread_and_atlas_on_many():
+    core = make(Autellix())
+    first = run_call(core, "a1", "p", 30)
+    assert first.base == 0.0
+    core.add_call("a2", "p", now_s=0.0, prior_service=500.0)  # router saw more elsewhere
+    assert core.add_call("a3", "p", now_s=0.0).base == 500.0
+    multi = make(Autellix())
+    run_call(multi, "x", "q", 30, thread_id="t1", parent_thread_id="main")
+    run_call(multi, "y", "q", 40, thread_id="t2", parent_thread_id="main")
+    assert multi.add_call("z", "q", now_s=0.0).base == 40.0  # critical path, not 70
+
+
+def test_prior_service_raises_plas_priority():
+    core = make(PLAS())
+    call = core.add_call("c", "p", now_s=0.0, prior_service=150.0)
+    assert call.level == 2
+
+
+def test_anti_starvation_promotes_and_resets_only_the_call():
+    core = make(PLAS(), beta=2.0)
+    run_call(core, "a1", "long", 50)  # program service 50 -> level 1
+    waiter = core.add_call("a2", "long", now_s=0.0)
+    core.enqueue(waiter)
+    assert waiter.level == 1
+    core.advance(now_s=0.0, steps=99)  # waited 99 < 2 * 50
+    assert waiter.level == 1
+    core.advance(now_s=0.0, steps=1)  # waited 100 = beta * service
+    assert waiter.level == 0 and waiter.promotions == 1
+    assert waiter.starve_wait == 0.0 and core.counters.promotions == 1
+    program = core.table.get("long")
+    assert program.attained_service == 50.0  # program values are kept
+    assert core.next_promotion() is None  # nothing higher to promote it to
+
+
+def test_program_wait_counts_toward_starvation():
+    core = make(PLAS(), beta=2.0)
+    first = core.add_call("a1", "p", now_s=0.0)
+    core.enqueue(first)
+    core.advance(now_s=0.0, steps=60)  # first call waits 60 steps in level 0
+    core.start(first)
+    core.charge(first, decode_tokens=50)
+    core.finish(first, now_s=0.0)
+    second = core.add_call("a2", "p", now_s=0.0)
+    core.enqueue(second)
+    # W_p = 60 already: promotion after 2 * 50 - 60 = 40 more steps.
+    assert core.next_promotion() == core.clock + 40
+
+
+def test_srpt_ranks_by_remaining_work():
+    remaining = {"big": 1000.0, "small": 10.0}
+    core = ProgramScheduler(SRPT(lambda p: remaining[p.program_id]))
+    big = core.add_call("b", "big", now_s=0.0)
+    small = core.add_call("s", "small", now_s=0.0)
+    core.enqueue(big)
+    core.start(core.pop())
+    core.enqueue(small)
+    assert core.victims([big], free_seats=0) == [big]
+
+
+def test_make_policy_names():
+    assert make_policy("autellix", "program").variant == "program"
+    with pytest.raises(ValueError, match="oracle"):
+        make_policy("srpt")
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("lottery")
+
+
+def test_snapshot_reports_programs_and_queue():
+    core = make(PLAS())
+    run_call(core, "a1", "p", 20)
+    core.enqueue(core.add_call("a2", "p", now_s=1.0, thread_id="t", parent_thread_id="main"))
+    snap = core.snapshot(now_s=2.0)
+    (program,) = snap["programs"]
+    assert program["attained_service"] == 20.0 and program["threads"] == 2
+    assert program["calls"][0]["state"] == "waiting"
+    assert snap["queue_depth"][1] == 1 and snap["waiting"] == 1

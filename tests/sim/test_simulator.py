@@ -1,0 +1,180 @@
+"""The simulator: the paper's Figure 2, determinism, conservation, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from autellix_vllm.policy import Levels, PolicyConfig, ServiceMeter
+from autellix_vllm.sim import SIM_POLICIES, CallSpec, ProgramSpec, generate, simulate
+from autellix_vllm.sim.trace import TraceError, load_trace, write_trace
+
+
+def chain(pid: str, steps: list[int]) -> ProgramSpec:
+    calls = tuple(
+        CallSpec(f"{pid}{i}", d, after=(f"{pid}{i - 1}",) if i else ())
+        for i, d in enumerate(steps)
+    )
+    return ProgramSpec(pid, 0.0, calls)
+
+
+FIGURE_2 = [chain("A", [4, 3, 1, 1]), chain("B", [3, 3, 4]), chain("C", [1, 2]), chain("D", [4])]
+# Priority = program's completed service + the call's own service so far, re-evaluated
+# every step: levels one unit wide; no prefill, no anti-starvation in the toy example.
+TOY = PolicyConfig(levels=Levels.unit(64), beta=1e9, meter=ServiceMeter(prefill_weight=0))
+
+
+@pytest.mark.parametrize(("policy", "total_wait"), [("vllm", 18), ("plas", 12)])
+def test_figure_2_total_waiting(policy, total_wait):
+    result = simulate(FIGURE_2, policy, preset="unit", max_num_seqs=2, config=TOY)
+    assert result.metrics["total_wait"] == total_wait
+    assert result.metrics["makespan"] == 14  # 23 steps of work on 2 seats, either way
+
+
+def test_figure_2_through_a_trace_file(tmp_path):
+    path = tmp_path / "figure2.jsonl"
+    write_trace(FIGURE_2, path)
+    assert load_trace(path) == FIGURE_2
+    out = subprocess.run(
+        [sys.executable, "-m", "autellix_vllm", "simulate", "run", "--trace", str(path),
+         "--policy", "plas", "--preset", "unit", "--max-num-seqs", "2", "--levels",
+         ",".join(str(i) for i in range(64)), "--beta", "1e9", "--prefill-weight", "0", "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    assert json.loads(out.stdout)["total_wait"] == 12
+
+
+@pytest.mark.parametrize("workload", ["sharegpt", "bfcl", "lats", "mixed"])
+def test_same_seed_same_result(workload):
+    programs = generate(workload, 12, rate=2.0, seed=7)
+    first = simulate(programs, "autellix", max_num_seqs=16).metrics
+    again = simulate(generate(workload, 12, rate=2.0, seed=7), "autellix", max_num_seqs=16)
+    first.pop("sim_seconds")
+    again.metrics.pop("sim_seconds")
+    assert first == again.metrics
+    other = simulate(generate(workload, 12, rate=2.0, seed=8), "autellix", max_num_seqs=16)
+    assert other.metrics["avg_latency_per_token"] != first["avg_latency_per_token"]
+
+
+@pytest.mark.parametrize("policy", sorted(SIM_POLICIES))
+def test_every_call_completes_exactly_once(policy):
+    # A small engine (8 seats, little KV) under overload: preemptions happen.
+    programs = generate("mixed", 9, rate=50.0, seed=1)
+    result = simulate(programs, policy, max_num_seqs=8, engines=2, lb="locality")
+    total = sum(len(p.calls) for p in programs)
+    assert result.metrics["calls"] == total
+    assert result.metrics["calls_completed"] == total
+    assert set(result.latency_per_token) == {p.program_id for p in programs}
+    if policy in ("plas", "autellix"):
+        assert result.metrics["preemptions"] > 0
+
+
+def test_kv_pressure_preempts_and_recomputes():
+    from autellix_vllm.sim import presets
+
+    tight = presets.EnginePreset("tight", 0.01, 0.0, 0.0, 8, 2048, kv_blocks=700)
+    presets.PRESETS["tight"] = tight
+    try:
+        programs = generate("sharegpt", 20, rate=100.0, seed=3)
+        metrics = simulate(programs, "vllm-opt", preset="tight").metrics
+    finally:
+        del presets.PRESETS["tight"]
+    assert metrics["preemptions"] > 0 and metrics["recomputed_tokens"] > 0
+    assert metrics["calls_completed"] == sum(len(p.calls) for p in programs)
+
+
+def test_workloads_match_the_papers_statistics():
+    for workload, calls, decode in (("sharegpt", 6.66, 276.81), ("bfcl", 10.75, 34.14)):
+        programs = generate(workload, 2000, 1.0)
+        n_calls = [len(p.calls) for p in programs]
+        all_calls = [c for p in programs for c in p.calls]
+        assert abs(sum(n_calls) / len(programs) - calls) / calls < 0.1
+        assert abs(sum(c.decode_tokens for c in all_calls) / len(all_calls) - decode) / decode < 0.1
+        assert max(n_calls) <= (80 if workload == "sharegpt" else 70)
+    lats = generate("lats", 200, 1.0)
+    assert 130 < sum(len(p.calls) for p in lats) / 200 < 190
+    assert all(p.threads > 1 for p in lats)
+
+
+def test_a_call_larger_than_the_engine_is_refused():
+    too_big = ProgramSpec("A", 0.0, (CallSpec("a", 10, prompt_tokens=10**9),))
+    with pytest.raises(ValueError, match="needs 1000000010 tokens of KV"):
+        simulate([too_big], "autellix")
+
+
+def test_longer_traces_extend_shorter_ones():
+    short, long = generate("mixed", 10, 1.0, seed=4), generate("mixed", 30, 3.0, seed=4)
+    assert [p.calls for p in short] == [p.calls for p in long[:10]]
+    assert long[5].arrival == pytest.approx(short[5].arrival / 3)
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("not json", "not valid JSON"),
+        ('{"arrival": 0, "calls": []}', "missing key 'program_id'"),
+        ('{"program_id": "A", "arrival": -1, "calls": [{"id": 1, "decode_tokens": 1}]}',
+         "arrival must be >= 0"),
+        ('{"program_id": "A", "arrival": 0, "calls": [{"id": "a", "decode_tokens": 0}]}',
+         "decode_tokens must be >= 1"),
+        ('{"program_id": "A", "arrival": 0, "calls": [{"id": "a", "decode_tokens": 2, '
+         '"after": ["b"]}]}', "not an earlier call"),
+    ],
+)
+def test_malformed_trace_lines_are_named(tmp_path, line, problem):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"program_id": "ok", "arrival": 0, "calls": [{"id": "x", "decode_tokens": 1}]}'
+                    "\n" + line + "\n")
+    with pytest.raises(TraceError, match=problem) as err:
+        load_trace(path)
+    assert "bad.jsonl:2" in str(err.value)
+
+
+def test_trace_extra_keys_are_ignored(tmp_path):
+    path = tmp_path / "extra.jsonl"
+    path.write_text('{"program_id": "A", "arrival": 0, "note": "x", "calls": '
+                    '[{"id": "a", "decode_tokens": 2, "model": "m"}]}\n')
+    assert load_trace(path)[0].calls[0].decode_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--workload", "nope"], "invalid choice: 'nope'"),
+        (["run", "--rate", "-2"], "must be positive"),
+        (["run", "--trace", "/no/such/file.jsonl"], "cannot read trace"),
+        (["sweep", "--policies", "vllm,magic"], "unknown magic"),
+        (["run", "--levels", "5,10"], "must start at 0"),
+    ],
+)
+def test_cli_rejects_bad_input_with_one_line(args, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "autellix_vllm", "simulate", *args],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_bench_policy_prints_the_median():
+    out = subprocess.run(
+        [sys.executable, "-m", "autellix_vllm", "simulate", "bench-policy", "--steps", "50",
+         "--json"], capture_output=True, text=True, check=True,
+    )
+    result = json.loads(out.stdout)
+    assert result["median_ms_per_step"] > 0 and result["waiting"] == 1000
+
+
+def test_sweep_finds_a_max_rate_and_plots(tmp_path):
+    from autellix_vllm.sim.sweep import plot, sweep
+
+    result, curves = sweep(
+        "bfcl", ["vllm-opt", "autellix"], duration=20, max_num_seqs=8, workers=1
+    )
+    assert set(result["max_rate"]) == {"vllm-opt", "autellix"}
+    assert result["ratio"]["vllm-opt"] == 1.0
+    for curve in curves:
+        passing = [r for r, m in curve.points if m["avg_latency_per_token"] <= result["slo"]]
+        assert curve.max_rate == max(passing)
+    plot(curves, result["slo"], "test", str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").stat().st_size > 1000
