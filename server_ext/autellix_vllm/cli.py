@@ -17,6 +17,9 @@ COMMANDS: dict[str, str] = {
     "simulate": "autellix_vllm.sim.cli",
     "engine": "autellix_vllm.engine_cli",
     "bench": "autellix_vllm.bench.cli",
+    "serve": "autellix_vllm.serve_cli",
+    "ps": "autellix_vllm.ps_cli",
+    "top": "autellix_vllm.ps_cli",
 }
 
 

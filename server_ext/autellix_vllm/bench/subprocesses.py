@@ -1,0 +1,53 @@
+"""Helper processes of the router benchmarks (a fake upstream, a router)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def running(command: list[str], ready: str, timeout_s: float = 120.0) -> Iterator[str]:
+    """Run ``command`` for the duration of the block.
+
+    Waits for an output line matching the regex ``ready`` and yields its first
+    group; the process is terminated (then killed) when the block ends.
+    """
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        for line in process.stdout:
+            found = re.search(ready, line)
+            if found:
+                # Keep reading its output, so a chatty process never blocks on a full pipe.
+                threading.Thread(target=process.stdout.read, daemon=True).start()
+                yield found.group(1)
+                return
+            if time.monotonic() > deadline:
+                break
+        raise RuntimeError(f"{' '.join(command)} did not start (exit code {process.poll()})")
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def router_command(upstreams: list[str], *options: str) -> list[str]:
+    """``autellix serve --upstream ...`` on a free port, as deployed."""
+    import sys
+
+    command = [sys.executable, "-m", "autellix_vllm", "serve", "--port", "0"]
+    for url in upstreams:
+        command += ["--upstream", url]
+    return command + list(options)
+
+
+ROUTER_READY = r"router ready at (http://\S+);"

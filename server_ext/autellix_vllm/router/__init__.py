@@ -1,0 +1,19 @@
+"""The Autellix router: one OpenAI-compatible endpoint in front of N engines.
+
+It is the paper's frontend and load balancer (Autellix §3, Algorithm 2):
+programs open and end sessions here, every call is routed by the locality rule
+(or a baseline) to one of the engines, and a program's service is summed over
+all engines and handed to the next engine it uses.
+
+Modules, in the order a call meets them: ``app`` (application factory and
+runner), ``middlewares`` (errors, API key), ``routes`` (handlers), ``calls``
+(reading a call), ``dispatch`` (choosing an engine, retries, relaying),
+``usage`` (service from token usage, stream relay), ``programs`` (the global
+process table), ``engines`` (health and load), ``metrics``, ``config``,
+``errors``, ``state``.
+"""
+
+from autellix_vllm.router.app import create_app, serve_router
+from autellix_vllm.router.config import RouterConfig
+
+__all__ = ["RouterConfig", "create_app", "serve_router"]

@@ -1,0 +1,222 @@
+"""The engines behind the router: their health, models and load.
+
+Each engine is probed every ``health_interval_s``: ``GET /health`` decides
+whether it is in rotation, ``GET /v1/models`` which models it serves, and
+``GET /autellix/v1/engine/table`` how many calls wait in its queue and how long
+each program has waited there (an engine without the Autellix extension has no
+table: its queue counts as empty).
+
+Load signal (what LEAST_USED minimises): the calls the router has in flight on
+the engine plus the engine's waiting queue from its last table. Waiting calls
+sent by this router are thereby counted twice, which weighs an engine that
+queues more heavily than one that keeps up.
+
+Out of rotation: after ``health_failures`` failed probes in a row, at once when
+the connection is refused, or when a call could not reach it (then it is
+re-probed right away). Back in rotation after one good probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from autellix_vllm.router.metrics import RouterMetrics
+
+log = logging.getLogger("autellix.router")
+
+HEALTH_PATH = "/health"
+MODELS_PATH = "/v1/models"
+TABLE_PATH = "/autellix/v1/engine/table"
+END_PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
+
+
+@dataclass(eq=False)
+class Engine:
+    name: str
+    url: str
+    healthy: bool = False
+    # Calls this router has sent and not yet seen answered.
+    in_flight: int = 0
+    # From the engine's last table: its waiting queue and running batch.
+    waiting: int = 0
+    running: int = 0
+    failed_probes: int = 0
+    last_error: str | None = None
+    # Model id -> the engine's /v1/models entry for it.
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Unit the engine measures service in ("tokens", "time"), None if it has no table.
+    service_unit: str | None = None
+    # Program id -> waiting time the engine reports for it (kept after the engine dies).
+    program_waits: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def load(self) -> int:
+        return self.in_flight + self.waiting
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "healthy": self.healthy,
+            "load": self.load,
+            "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "running": self.running,
+            "models": sorted(self.models),
+            "last_error": self.last_error,
+        }
+
+
+class EnginePool:
+    """All engines, with a background task that keeps their state fresh."""
+
+    def __init__(
+        self,
+        urls: tuple[str, ...],
+        session: aiohttp.ClientSession,
+        metrics: RouterMetrics,
+        *,
+        interval_s: float,
+        timeout_s: float,
+        failures_to_drop: int,
+    ) -> None:
+        self.engines = [Engine(f"engine-{i}", url) for i, url in enumerate(urls)]
+        self.by_name = {engine.name: engine for engine in self.engines}
+        self.session = session
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.failures_to_drop = failures_to_drop
+        # Called when an engine leaves rotation (the dispatcher rebinds its programs).
+        self.on_down: Callable[[Engine], None] = lambda engine: None
+        self._healthy: list[Engine] = []
+        self._models: dict[str, dict[str, Any]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._probing: dict[str, asyncio.Task[None]] = {}
+        for engine in self.engines:
+            self._publish(engine)
+
+    def healthy(self) -> list[Engine]:
+        """Engines in rotation, in a stable order (a cached list: do not mutate)."""
+        return self._healthy
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        """Every model a healthy engine serves -> its /v1/models entry (cached)."""
+        return self._models
+
+    async def start(self) -> None:
+        """Probe every engine once, then keep probing in the background."""
+        await asyncio.gather(*(self.probe(engine) for engine in self.engines))
+        self._task = asyncio.create_task(self._probe_forever(), name="autellix-health")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._probing.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def call_failed(self, engine: Engine, error: BaseException) -> None:
+        """A call could not reach ``engine``: out of rotation if refused, else re-probe now."""
+        if isinstance(error, aiohttp.ClientConnectorError):
+            self.mark_down(engine, f"connection refused: {error}")
+        elif engine.name not in self._probing:
+            task = asyncio.create_task(self.probe(engine), name=f"probe-{engine.name}")
+            self._probing[engine.name] = task
+            task.add_done_callback(lambda _: self._probing.pop(engine.name, None))
+
+    async def probe(self, engine: Engine) -> None:
+        try:
+            async with self.session.get(engine.url + HEALTH_PATH, timeout=self.timeout) as answer:
+                if answer.status != 200:
+                    self._probe_failed(engine, f"/health answered {answer.status}")
+                    return
+            models = await self._get_json(engine, MODELS_PATH)
+            table = await self._get_json(engine, TABLE_PATH, missing_ok=True)
+        except aiohttp.ClientConnectorError as error:
+            self.mark_down(engine, f"connection refused: {error}")
+            return
+        except (TimeoutError, aiohttp.ClientError, ValueError) as error:
+            self._probe_failed(engine, f"{type(error).__name__}: {error}")
+            return
+        if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+            self._probe_failed(engine, f"{MODELS_PATH} is not a model list")
+            return
+        engine.models = {
+            entry["id"]: entry
+            for entry in models["data"]
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str)
+        }
+        self._read_table(engine, table)
+        self.mark_up(engine)
+        self.metrics.engine_load.labels(engine.name).set(engine.load)
+
+    def mark_up(self, engine: Engine) -> None:
+        """A good probe: back in rotation."""
+        engine.failed_probes = 0
+        engine.last_error = None
+        if not engine.healthy:
+            log.info("%s (%s) is healthy", engine.name, engine.url)
+            engine.healthy = True
+        self._publish(engine)  # also when its models changed
+
+    def mark_down(self, engine: Engine, reason: str) -> None:
+        """Out of rotation; its programs are rebound (``on_down``)."""
+        engine.last_error = reason
+        if not engine.healthy:
+            return
+        log.warning("%s (%s) is out of rotation: %s", engine.name, engine.url, reason)
+        engine.healthy = False
+        engine.waiting = engine.running = 0
+        self._publish(engine)
+        self.on_down(engine)
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await asyncio.gather(*(self.probe(engine) for engine in self.engines))
+
+    async def _get_json(self, engine: Engine, path: str, missing_ok: bool = False) -> Any:
+        async with self.session.get(engine.url + path, timeout=self.timeout) as answer:
+            if missing_ok and answer.status == 404:
+                return None
+            if answer.status != 200:
+                raise ValueError(f"{path} answered {answer.status}")
+            return await answer.json(content_type=None)
+
+    @staticmethod
+    def _read_table(engine: Engine, table: Any) -> None:
+        if not isinstance(table, dict) or not table.get("enabled", False):
+            engine.waiting, engine.running, engine.service_unit = 0, 0, None
+            return
+        engine.waiting = int(table.get("waiting", 0))
+        engine.running = int(table.get("running", 0))
+        engine.service_unit = table.get("service_unit")
+        engine.program_waits = {
+            p["program_id"]: float(p.get("waiting_time") or 0.0)
+            for p in table.get("programs", [])
+            if isinstance(p, dict) and "program_id" in p
+        }
+
+    def _probe_failed(self, engine: Engine, reason: str) -> None:
+        engine.failed_probes += 1
+        engine.last_error = reason
+        if engine.failed_probes >= self.failures_to_drop:
+            self.mark_down(engine, reason)
+
+    def _publish(self, engine: Engine) -> None:
+        self._healthy = [e for e in self.engines if e.healthy]
+        models: dict[str, dict[str, Any]] = {}
+        for healthy in self._healthy:
+            for model_id, entry in healthy.models.items():
+                models.setdefault(model_id, entry)
+        self._models = models
+        self.metrics.engine_healthy.labels(engine.name).set(1 if engine.healthy else 0)

@@ -1,0 +1,91 @@
+"""The router's Prometheus metrics, on a registry of its own (served at ``/metrics``).
+
+Series (all prefixed ``autellix_router_``):
+
+* ``programs_active``: programs in the router's table;
+* ``calls_total{engine, reason}``: calls sent to an engine, by the balancer's
+  reason (``sticky``, ``bind``, ``least-loaded``, ``round-robin``, ``hash``);
+* ``calls_without_program_total``: calls that carried no program id (each is
+  routed on its own; a missing identity should be visible, not silent);
+* ``retries_total{engine}``: calls retried elsewhere because ``engine`` failed them;
+* ``engine_healthy{engine}`` (1/0) and ``engine_load{engine}`` (the load signal);
+* ``errors_total{code}``: errors the router answered itself (4xx/5xx, by code);
+* ``proxy_overhead_seconds``: time a non-streaming call spent in the router
+  itself (its handling time minus the time waiting for the engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+OVERHEAD_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.5,
+)  # fmt: skip
+
+
+class RouterMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.programs_active = Gauge(
+            "autellix_router_programs_active", "Programs in the router's table", registry=r
+        )
+        self.calls = Counter(
+            "autellix_router_calls",
+            "Calls sent to an engine, by engine and routing reason",
+            ["engine", "reason"],
+            registry=r,
+        )
+        self.calls_without_program = Counter(
+            "autellix_router_calls_without_program",
+            "Calls that carried no program id",
+            registry=r,
+        )
+        self.retries = Counter(
+            "autellix_router_retries",
+            "Calls retried on another engine after this engine failed them",
+            ["engine"],
+            registry=r,
+        )
+        self.engine_healthy = Gauge(
+            "autellix_router_engine_healthy", "1 if the engine is in rotation", ["engine"],
+            registry=r,
+        )  # fmt: skip
+        self.engine_load = Gauge(
+            "autellix_router_engine_load",
+            "Load signal: calls in flight from the router plus the engine's waiting queue",
+            ["engine"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "autellix_router_errors", "Errors answered by the router itself", ["code"], registry=r
+        )
+        self.proxy_overhead = Histogram(
+            "autellix_router_proxy_overhead_seconds",
+            "Time a non-streaming call spent in the router itself (not waiting for the engine)",
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self._calls_by_route: dict[tuple[str, str], Counter] = {}
+
+    def routed(self, engine: str, reason: str) -> None:
+        """Count a call sent to ``engine`` for ``reason`` (labelled children are cached)."""
+        child = self._calls_by_route.get((engine, reason))
+        if child is None:
+            child = self._calls_by_route[(engine, reason)] = self.calls.labels(engine, reason)
+        child.inc()
+
+    def retried(self, failed_engine: str) -> None:
+        self.retries.labels(failed_engine).inc()
+
+    def track_programs(self, count: Callable[[], int]) -> None:
+        self.programs_active.set_function(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,145 @@
+"""The router's HTTP routes.
+
+OpenAI-compatible (proxied to an engine): ``POST /v1/chat/completions``,
+``/v1/completions``, ``/v1/responses``; ``GET /v1/models`` (the models of the
+healthy engines).
+
+Autellix: ``POST /autellix/v1/programs`` (open a program, optional ``name``),
+``DELETE /autellix/v1/programs/{id}`` (end it, here and on its engines),
+``GET /autellix/v1/programs`` (the global process table),
+``GET /autellix/v1/engines`` (engines, health and load).
+
+Operations: ``GET /metrics`` (Prometheus), ``GET /health`` (200 while an
+engine is in rotation, else 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from autellix_vllm.identity import IdentityError, validate_id
+from autellix_vllm.router.calls import GENERATION_PATHS, parse_json_object, read_call
+from autellix_vllm.router.engines import END_PROGRAM_PATH
+from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.state import STATE, RouterState
+
+PROGRAMS_PATH = "/autellix/v1/programs"
+ENGINES_PATH = "/autellix/v1/engines"
+MAX_NAME_LENGTH = 256
+END_ON_ENGINE_TIMEOUT_S = 5.0
+
+
+def add_routes(app: web.Application) -> None:
+    for path in GENERATION_PATHS:
+        app.router.add_post(path, generate)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post(PROGRAMS_PATH, open_program)
+    app.router.add_get(PROGRAMS_PATH, list_programs)
+    app.router.add_delete(PROGRAMS_PATH + "/{program_id}", end_program)
+    app.router.add_get(ENGINES_PATH, list_engines)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
+    state = request.app[STATE]
+    if not state.pool.healthy():
+        raise ApiError(503, "no engine is healthy", "no_healthy_engine")
+    raw = await request.read()  # over the size limit: aiohttp raises 413
+    call = read_call(
+        request.path,
+        raw,
+        request.headers,
+        state.pool.models(),
+        state.config.chars_per_token,
+    )
+    return await state.dispatcher.handle(request, call, started)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    models = request.app[STATE].pool.models()
+    return web.json_response({"object": "list", "data": list(models.values())})
+
+
+async def open_program(request: web.Request) -> web.Response:
+    raw = await request.read()
+    body = parse_json_object(raw) if raw.strip() else {}
+    name = body.get("name")
+    if name is not None and (not isinstance(name, str) or len(name) > MAX_NAME_LENGTH):
+        raise ApiError(
+            400, f"name must be a string of at most {MAX_NAME_LENGTH} characters", "invalid_name",
+            "name",
+        )  # fmt: skip
+    record = request.app[STATE].programs.issue(name or None)
+    return web.json_response(
+        {"program_id": record.program_id, "name": record.name, "created": record.created_s}
+    )
+
+
+async def end_program(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    program_id = request.match_info["program_id"]
+    try:
+        validate_id(program_id, "program_id")
+    except IdentityError as error:
+        raise ApiError(400, str(error), "invalid_identity", "program_id") from None
+    if state.programs.is_ended(program_id):
+        raise ApiError(404, f"the program {program_id!r} has ended", "program_ended", "program_id")
+    record = state.programs.end(program_id)
+    if record is None:
+        raise ApiError(404, f"no program {program_id!r}", "program_not_found", "program_id")
+    state.dispatcher.balancer.forget(program_id)
+    engines = [state.pool.by_name[name] for name in record.calls_per_engine]
+    await asyncio.gather(*(_end_on_engine(state, e.url, program_id) for e in engines))
+    return web.json_response({"program_id": program_id, "ended": True})
+
+
+async def _end_on_engine(state: RouterState, url: str, program_id: str) -> None:
+    """Best effort: an engine that is down or never kept the program is fine."""
+    timeout = aiohttp.ClientTimeout(total=END_ON_ENGINE_TIMEOUT_S)
+    path = END_PROGRAM_PATH.format(program_id=program_id)
+    try:
+        async with state.session.delete(url + path, timeout=timeout) as answer:
+            await answer.read()
+    except (TimeoutError, aiohttp.ClientError):
+        pass
+
+
+async def list_programs(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    waits: dict[str, float] = {}
+    for engine in state.pool.engines:
+        for program_id, wait in engine.program_waits.items():
+            waits[program_id] = waits.get(program_id, 0.0) + wait
+    return web.json_response(
+        {
+            "programs": state.programs.snapshot(waits),
+            "engines": [engine.describe() for engine in state.pool.engines],
+            "balancer": state.config.balancer,
+            "locality_threshold": state.config.locality_threshold,
+        }
+    )
+
+
+async def list_engines(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response({"engines": [engine.describe() for engine in state.pool.engines]})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    router_metrics = request.app[STATE].metrics
+    return web.Response(
+        body=router_metrics.render(), headers={"Content-Type": router_metrics.content_type}
+    )
+
+
+async def health(request: web.Request) -> web.Response:
+    healthy = request.app[STATE].pool.healthy()
+    body: dict[str, Any] = {"healthy_engines": [e.name for e in healthy]}
+    return web.json_response(body, status=200 if healthy else 503)

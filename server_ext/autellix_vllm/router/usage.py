@@ -1,0 +1,103 @@
+"""Service a call attained, from the ``usage`` its engine reported.
+
+Token equivalents of :class:`autellix_vllm.policy.config.ServiceMeter` (the
+engines' default unit): one per generated token plus ``prefill_weight`` per
+prompt token that was computed, i.e. not served from the prefix cache (cached
+tokens are known only when the engine reports ``prompt_tokens_details``).
+
+For streams, :class:`SseRelay` forwards the server-sent events and picks the
+usage out of them: the last chunk of a chat or completion stream (asked for
+with ``stream_options.include_usage``; dropped again when the client had not
+asked for it) or the ``response.completed`` event of a response stream.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+
+from autellix_vllm.policy.config import ServiceMeter
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+def service_from_usage(usage: Any, meter: ServiceMeter) -> float | None:
+    """Chat/completions (``prompt_tokens``, ``completion_tokens``) and responses
+    (``input_tokens``, ``output_tokens``) usage; None if there is none."""
+    if not isinstance(usage, dict):
+        return None
+    generated = usage.get("completion_tokens", usage.get("output_tokens"))
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    if not isinstance(generated, int) or not isinstance(prompt, int):
+        return None
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    computed = prompt - cached if isinstance(cached, int) else prompt
+    return meter.amount(generated, max(0, computed))
+
+
+def service_from_body(payload: bytes, meter: ServiceMeter) -> float | None:
+    """The service in a non-streamed answer's ``usage``."""
+    try:
+        answer = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return service_from_usage(answer.get("usage"), meter) if isinstance(answer, dict) else None
+
+
+class SseRelay:
+    """Copies a server-sent-event stream to the client event by event, noting usage."""
+
+    def __init__(self, response: web.StreamResponse, meter: ServiceMeter, drop_usage: bool):
+        self.response = response
+        self.meter = meter
+        self.drop_usage = drop_usage
+        self.service: float | None = None
+        self._pending = b""
+
+    async def feed(self, chunk: bytes) -> None:
+        """Forward every event ``chunk`` completes (one write per chunk)."""
+        data = self._pending + chunk
+        out = []
+        start = 0
+        for end in _EVENT_END.finditer(data):
+            event = data[start : end.end()]
+            start = end.end()
+            if self._keep(event):
+                out.append(event)
+        self._pending = data[start:]
+        if out:
+            await self.response.write(b"".join(out))
+
+    async def finish(self) -> None:
+        """Forward what is left (a stream that did not end with a blank line)."""
+        if self._pending:
+            await self.response.write(self._pending)
+            self._pending = b""
+
+    def _keep(self, event: bytes) -> bool:
+        if b'"usage"' not in event:
+            return True
+        payload = _event_data(event)
+        if not isinstance(payload, dict):
+            return True
+        usage = payload.get("usage")
+        if payload.get("type") == "response.completed":
+            usage = (payload.get("response") or {}).get("usage")
+        service = service_from_usage(usage, self.meter)
+        if service is None:
+            return True
+        self.service = service
+        # The usage-only chunk the client did not ask for has no choices.
+        return not (self.drop_usage and not payload.get("choices"))
+
+
+def _event_data(event: bytes) -> Any:
+    lines = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
+    try:
+        return json.loads(b"\n".join(lines))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,203 @@
+"""The routing rule and the router's tables, with fake load signals (no HTTP, no engine)."""
+
+from __future__ import annotations
+
+import pytest
+from autellix_vllm.policy.routing import make_balancer
+from autellix_vllm.router.calls import Call
+from autellix_vllm.router.config import RouterConfig
+from autellix_vllm.router.dispatch import Dispatcher
+from autellix_vllm.router.engines import Engine, EnginePool
+from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.metrics import RouterMetrics
+from autellix_vllm.router.programs import ProgramEnded, ProgramTable
+
+MODEL = "m"
+THRESHOLD = 100
+
+
+def make_dispatcher(balancer: str = "locality", engines: int = 2) -> Dispatcher:
+    urls = tuple(f"http://127.0.0.1:{9000 + i}" for i in range(engines))
+    config = RouterConfig(upstreams=urls, balancer=balancer, locality_threshold=THRESHOLD)
+    metrics = RouterMetrics()
+    pool = EnginePool(
+        urls, session=None, metrics=metrics, interval_s=1, timeout_s=1, failures_to_drop=1
+    )  # type: ignore[arg-type]
+    for engine in pool.engines:
+        engine.models = {MODEL: {"id": MODEL}}
+        pool.mark_up(engine)
+    programs = ProgramTable(ended_ids_kept=10, idle_ttl_s=600)
+    dispatcher = Dispatcher(
+        config, None, pool, programs, make_balancer(balancer, THRESHOLD), metrics
+    )  # type: ignore[arg-type]
+    pool.on_down = dispatcher.engine_down
+    return dispatcher
+
+
+def call(program: str | None, tokens: int, model: str = MODEL) -> Call:
+    return Call(
+        path="/v1/completions",
+        body={},
+        raw=b"{}",
+        model=model,
+        stream=False,
+        program_id=program,
+        thread_id=None,
+        call_id=None,
+        prompt_tokens=tokens,
+    )
+
+
+def route(d: Dispatcher, program: str | None, tokens: int, exclude=()) -> Engine:
+    record = d.programs.for_call(program) if program else None
+    return d.choose(call(program, tokens), program or "anonymous", record, exclude)
+
+
+def set_load(d: Dispatcher, in_flight: list[int], waiting: list[int] | None = None) -> None:
+    for engine, busy, queued in zip(
+        d.pool.engines, in_flight, waiting or [0] * len(in_flight), strict=True
+    ):
+        engine.in_flight, engine.waiting = busy, queued
+
+
+def test_short_calls_go_to_the_least_loaded_engine():
+    d = make_dispatcher()
+    set_load(d, [3, 1])
+    assert route(d, "p", THRESHOLD).name == "engine-1"  # at the threshold: still "short"
+    set_load(d, [0, 1])
+    assert route(d, "p", 10).name == "engine-0"
+    assert d.programs.get("p").engine is None  # short calls bind nothing
+
+
+def test_load_signal_is_in_flight_plus_the_engines_waiting_queue():
+    d = make_dispatcher()
+    set_load(d, in_flight=[1, 3], waiting=[4, 0])
+    assert [e.load for e in d.pool.engines] == [5, 3]
+    assert route(d, None, 10).name == "engine-1"
+
+
+def test_long_calls_bind_on_first_use_then_stick_despite_load():
+    d = make_dispatcher()
+    set_load(d, [2, 0])
+    assert route(d, "p", THRESHOLD + 1).name == "engine-1"
+    set_load(d, [0, 9])
+    assert route(d, "p", 5000).name == "engine-1"
+    assert route(d, "p", 10).name == "engine-0"  # a short call of the same program spreads
+    assert d.programs.get("p").engine == "engine-1"
+    assert route(d, "q", 5000).name == "engine-0"  # another program binds elsewhere
+
+
+def test_a_dead_engine_loses_its_programs_which_rebind_on_their_next_long_call():
+    d = make_dispatcher()
+    set_load(d, [0, 1])
+    assert route(d, "p", 500).name == "engine-0"
+    d.pool.mark_down(d.pool.engines[0], "killed")
+    assert [e.name for e in d.pool.healthy()] == ["engine-1"]
+    assert route(d, "p", 500).name == "engine-1"
+    record = d.programs.get("p")
+    assert record.engine == "engine-1" and record.rebinds == 1
+    d.pool.mark_up(d.pool.engines[0])  # back: the program stays where it rebound
+    set_load(d, [0, 5])
+    assert route(d, "p", 500).name == "engine-1"
+
+
+def test_a_retry_excludes_the_engine_that_failed():
+    d = make_dispatcher()
+    first = route(d, "p", 500)
+    second = route(d, "p", 500, exclude=[first])
+    assert second is not first
+    assert d.programs.get("p").engine == second.name
+    with pytest.raises(ApiError) as error:
+        route(d, "p", 500, exclude=d.pool.engines)
+    assert error.value.status == 503 and error.value.code == "no_healthy_engine"
+
+
+def test_only_engines_serving_the_model_are_candidates():
+    d = make_dispatcher()
+    d.pool.engines[0].models = {"other": {"id": "other"}}
+    set_load(d, [0, 7])
+    assert d.choose(call(None, 1), "k", None).name == "engine-1"
+    with pytest.raises(ApiError):
+        d.choose(call(None, 1, model="missing"), "k", None)
+
+
+def test_round_robin_alternates_and_consistent_hash_is_stable():
+    rr = make_dispatcher("round-robin")
+    assert [route(rr, "p", 5000).name for _ in range(4)] == ["engine-0", "engine-1"] * 2
+    ch = make_dispatcher("consistent-hash", engines=3)
+    owners = {f"prog-{i}": route(ch, f"prog-{i}", 1).name for i in range(30)}
+    assert len(set(owners.values())) == 3  # spread over all engines
+    set_load(ch, [9, 0, 0])
+    assert all(route(ch, p, 1).name == owner for p, owner in owners.items())  # ignores load
+
+
+def test_the_routing_reason_is_counted_per_engine():
+    d = make_dispatcher()
+    route(d, "p", 500)
+    route(d, "p", 500)
+    route(d, "p", 5)
+    text = d.metrics.render().decode()
+    assert 'autellix_router_calls_total{engine="engine-0",reason="bind"} 1.0' in text
+    assert 'autellix_router_calls_total{engine="engine-0",reason="sticky"} 1.0' in text
+    assert 'reason="least-loaded"} 1.0' in text
+
+
+def test_issued_ids_are_unguessable_and_unique():
+    table = ProgramTable(ended_ids_kept=10, idle_ttl_s=600)
+    ids = {table.issue().program_id for _ in range(1000)}
+    assert len(ids) == 1000
+    token = next(iter(ids)).removeprefix("prog-")
+    assert len(token) * 6 >= 128  # url-safe base64: 6 bits per character
+
+
+def test_unknown_ids_open_programs_and_ended_ids_are_refused_within_a_bound():
+    table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
+    assert table.for_call("sdk-local-id").issued is False
+    for i in range(5):
+        table.for_call(f"p{i}")
+        assert table.end(f"p{i}") is not None
+    with pytest.raises(ProgramEnded):
+        table.for_call("p4")
+    assert table.is_ended("p2") and not table.is_ended("p1")  # the oldest are forgotten
+    assert table.end("p4") is None
+
+
+def test_service_sums_over_engines_and_a_repeated_call_id_is_charged_once():
+    table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
+    record = table.for_call("p")
+    for engine, call_id in (("engine-0", "c1"), ("engine-1", "c2"), ("engine-1", "c2")):
+        table.call_started(record, "main")
+        table.call_finished(record, engine, 10.0, call_id)
+    table.call_started(record, "side")
+    table.call_finished(record, None, None, "c3")  # failed: no service, counted as failed
+    assert record.service == 20.0
+    assert record.calls_per_engine == {"engine-0": 1, "engine-1": 2}
+    assert (record.calls_completed, record.calls_failed, len(record.threads)) == (3, 1, 2)
+
+
+def test_idle_programs_are_evicted_but_not_ended():
+    now = [1000.0]
+    table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
+    busy, idle = table.for_call("busy"), table.for_call("idle")
+    table.call_started(busy, None)
+    now[0] += 61
+    assert table.evict_idle() == ["idle"]
+    assert table.get("busy") is busy and not table.is_ended("idle")
+    assert table.for_call("idle") is not idle  # a later call opens it again
+
+
+def test_config_refuses_bad_values():
+    with pytest.raises(ValueError, match="loopback"):
+        RouterConfig(upstreams=("http://10.1.2.3:8000",), api_key="k")
+    RouterConfig(upstreams=("http://10.1.2.3:8000",), api_key="k", allow_remote_upstreams=True)
+    RouterConfig(upstreams=("http://localhost:8000", "http://[::1]:8001"), api_key="k")
+    for bad in (
+        {"upstreams": ()},
+        {"upstreams": ("ftp://x",)},
+        {"upstreams": ("http://h:1/v1",)},
+        {"upstreams": ("http://h:1", "http://h:1/")},
+        {"upstreams": ("http://h:1",), "balancer": "random"},
+        {"upstreams": ("http://h:1",), "max_body_bytes": 0},
+    ):
+        with pytest.raises(ValueError):
+            RouterConfig(**bad)
