@@ -1,0 +1,1 @@
+"""Benchmarks of the engine extension (``autellix bench ...``)."""

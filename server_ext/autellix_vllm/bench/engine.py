@@ -1,0 +1,284 @@
+"""Program latency on a real vLLM engine: stock FCFS vs the Autellix scheduler.
+
+The benchmark starts the real engine twice (same model, flags and workload;
+only the scheduler differs) and replays one seeded workload of concurrent
+multi-call programs through the OpenAI completions API:
+
+* the programs come from the simulator's generators (:mod:`autellix_vllm.sim.
+  workloads`: heavy-tailed calls per program, log-normal lengths, Poisson
+  arrivals), with token counts scaled down to the tiny CPU model;
+* a call's prompt is its program's transcript so far, so later calls share
+  their prefix with earlier ones, as agent calls do;
+* decode lengths are forced (``ignore_eos`` and ``max_tokens``);
+* tool gaps are sleeps between a call and the calls that depend on it;
+* ``max_num_seqs`` is small, so the engine saturates and calls queue; at most
+  ``concurrency`` programs run at once, which keeps the load the same on a fast
+  or a busy machine.
+
+The metric is the paper's: program latency per token = program wall time
+(arrival to last completion) / the program's decoded tokens, averaged over
+programs and at the 95th percentile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import statistics
+import string
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+
+from autellix_vllm.launcher import EngineConfig, EngineProcess
+from autellix_vllm.policy import PolicyConfig
+from autellix_vllm.sim.trace import CallSpec, ProgramSpec
+from autellix_vllm.sim.workloads import generate
+
+# Characters the tiny model's tokenizer has (one token each).
+_TEXT = string.ascii_lowercase + "      .,"
+PROMPT_HEADROOM = 8  # tokens kept free below max_model_len (BOS, rounding)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    programs: int = 64
+    seed: int = 0
+    workload: str = "sharegpt"
+    rate: float = 4.0  # program arrivals per second (Poisson)
+    # At most this many programs run at once (a pool of agents): the engine stays
+    # saturated whatever the machine's speed, and waiting in the pool is not
+    # counted as program latency (a program starts when it gets a slot).
+    concurrency: int = 16
+    token_scale: float = 0.125  # the workload's token counts, scaled to the CPU model
+    min_decode: int = 4
+    max_decode: int = 128
+    tool_gap_s: float = 0.05  # mean tool gap where the workload has none
+    max_num_seqs: int = 4
+    max_model_len: int = 1024
+    call_timeout_s: float = 600.0
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BenchSettings:
+        """Fits in about five minutes on two CPU cores, both engines included."""
+        return replace(cls(programs=32), **overrides)
+
+
+@dataclass
+class ProgramResult:
+    program_id: str
+    calls: int
+    decode_tokens: int
+    latency_s: float
+
+    @property
+    def latency_per_token(self) -> float:
+        return self.latency_s / self.decode_tokens
+
+
+def build_workload(settings: BenchSettings) -> list[ProgramSpec]:
+    """The seeded programs, scaled to fit the CPU model's context and speed."""
+    programs = generate(settings.workload, settings.programs, settings.rate, settings.seed)
+    return [_scaled(program, settings) for program in programs]
+
+
+def _scaled(program: ProgramSpec, settings: BenchSettings) -> ProgramSpec:
+    rng = random.Random(f"{settings.seed}/{program.program_id}/gaps")
+    calls = []
+    for call in program.calls:
+        decode = round(call.decode_tokens * settings.token_scale)
+        decode = min(settings.max_decode, max(settings.min_decode, decode))
+        room = settings.max_model_len - decode - PROMPT_HEADROOM
+        prompt = min(room, max(8, round(call.prompt_tokens * settings.token_scale)))
+        gap = call.tool_gap
+        if gap == 0 and call.after and settings.tool_gap_s > 0:
+            gap = rng.expovariate(1 / settings.tool_gap_s)
+        calls.append(replace(call, decode_tokens=decode, prompt_tokens=prompt, tool_gap=gap))
+    return replace(program, calls=tuple(calls))
+
+
+def transcript(program_id: str, length: int) -> str:
+    """A program's deterministic text; each call's prompt is a prefix of it."""
+    rng = random.Random(program_id)
+    return "".join(rng.choice(_TEXT) for _ in range(length))
+
+
+async def replay(
+    base_url: str, model: str, programs: list[ProgramSpec], settings: BenchSettings
+) -> list[ProgramResult]:
+    """Run every program (its calls in dependency order) and time it."""
+    timeout = aiohttp.ClientTimeout(total=settings.call_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0)
+    slots = asyncio.Semaphore(settings.concurrency)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        start = time.monotonic()
+
+        async def arrive(program: ProgramSpec) -> ProgramResult:
+            await asyncio.sleep(max(0.0, start + program.arrival - time.monotonic()))
+            async with slots:
+                return await _run_program(http, base_url, model, program)
+
+        return await asyncio.gather(*(arrive(p) for p in programs))
+
+
+async def _run_program(
+    http: aiohttp.ClientSession, base_url: str, model: str, program: ProgramSpec
+) -> ProgramResult:
+    arrived = time.monotonic()
+    text = transcript(program.program_id, max(c.prompt_tokens for c in program.calls))
+    done: dict[str, asyncio.Future[None]] = {
+        c.id: asyncio.get_running_loop().create_future() for c in program.calls
+    }
+
+    async def run_call(call: CallSpec) -> None:
+        await asyncio.gather(*(done[dep] for dep in call.after))
+        await asyncio.sleep(call.tool_gap)
+        await _complete(http, base_url, model, program.program_id, call, text)
+        done[call.id].set_result(None)
+
+    await asyncio.gather(*(run_call(c) for c in program.calls))
+    return ProgramResult(
+        program.program_id,
+        calls=len(program.calls),
+        decode_tokens=program.decode_tokens,
+        latency_s=time.monotonic() - arrived,
+    )
+
+
+async def _complete(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    program_id: str,
+    call: CallSpec,
+    text: str,
+) -> None:
+    headers = {
+        "X-Autellix-Program-Id": program_id,
+        "X-Autellix-Thread-Id": call.thread,
+        "X-Autellix-Call-Id": call.id,
+    }
+    if call.parent_thread:
+        headers["X-Autellix-Parent-Thread-Id"] = call.parent_thread
+    body = {
+        "model": model,
+        "prompt": text[: call.prompt_tokens],
+        "max_tokens": call.decode_tokens,
+        "ignore_eos": True,
+    }
+    async with http.post(f"{base_url}/v1/completions", json=body, headers=headers) as response:
+        answer = await response.json()
+        if response.status != 200:
+            raise RuntimeError(f"call {call.id} failed with HTTP {response.status}: {answer}")
+    produced = answer["usage"]["completion_tokens"]
+    if produced != call.decode_tokens:
+        raise RuntimeError(f"call {call.id} produced {produced} tokens, not {call.decode_tokens}")
+
+
+def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
+    per_token = sorted(r.latency_per_token for r in results)
+    tokens = sum(r.decode_tokens for r in results)
+    return {
+        "programs": len(results),
+        "calls": sum(r.calls for r in results),
+        "decode_tokens": tokens,
+        "makespan_s": round(wall_s, 3),
+        "throughput_tokens_per_s": round(tokens / wall_s, 1),
+        "avg_latency_per_token_s": statistics.fmean(per_token),
+        "p95_latency_per_token_s": _percentile(per_token, 0.95),
+        "p99_latency_per_token_s": _percentile(per_token, 0.99),
+    }
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+async def _table(base_url: str) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{base_url}/autellix/v1/engine/table") as response,
+    ):
+        return await response.json()
+
+
+def scaled_levels(settings: BenchSettings) -> str:
+    """The policy's level boundaries, scaled like the workload's token counts, so a
+    program crosses the same levels as its unscaled original would."""
+    bounds = PolicyConfig().levels.boundaries
+    return ",".join(f"{b * settings.token_scale:g}" for b in bounds)
+
+
+def engine_config(scheduler: str, settings: BenchSettings) -> EngineConfig:
+    return EngineConfig(
+        port=0,
+        scheduler=scheduler,
+        max_num_seqs=settings.max_num_seqs,
+        max_model_len=settings.max_model_len,
+        extra_env={"AUTELLIX_LEVELS": scaled_levels(settings)},
+    )
+
+
+async def _measure(engine: EngineProcess, programs: list[ProgramSpec], settings: BenchSettings):
+    started = time.monotonic()
+    results = await replay(engine.base_url, engine.served_model_name, programs, settings)
+    summary = summarize(results, time.monotonic() - started)
+    table = await _table(engine.base_url)
+    if table.get("enabled"):
+        for counter in ("preemptions", "promotions", "demotions"):
+            summary[counter] = table[counter]
+    return summary
+
+
+def run_engine_bench(settings: BenchSettings, side_by_side: bool = True) -> dict[str, Any]:
+    """Both engines on the same workload; ratios > 1 mean Autellix is faster.
+
+    Side by side (the default), both engines run at once and the workload is
+    replayed against both together, so background load on a shared machine
+    hits both alike; they share the CPU symmetrically. Otherwise one engine
+    runs after the other.
+    """
+    programs = build_workload(settings)
+    names = ("fcfs", "autellix")
+    with contextlib.ExitStack() as stack:
+        if side_by_side:
+            engines = [EngineProcess(engine_config(name, settings)) for name in names]
+            for engine in engines:
+                stack.callback(engine.stop)
+                engine.start()
+            for engine in engines:
+                engine.wait_healthy()
+            summaries = asyncio.run(_gather(*(_measure(e, programs, settings) for e in engines)))
+        else:
+            summaries = []
+            for name in names:
+                with EngineProcess(engine_config(name, settings)) as engine:
+                    summaries.append(asyncio.run(_measure(engine, programs, settings)))
+    fcfs, autellix = summaries
+    return {
+        "settings": {
+            "programs": settings.programs,
+            "workload": settings.workload,
+            "seed": settings.seed,
+            "rate": settings.rate,
+            "concurrency": settings.concurrency,
+            "max_num_seqs": settings.max_num_seqs,
+            "token_scale": settings.token_scale,
+            "levels": scaled_levels(settings),
+            "side_by_side": side_by_side,
+        },
+        "fcfs": fcfs,
+        "autellix": autellix,
+        "avg_ratio": fcfs["avg_latency_per_token_s"] / autellix["avg_latency_per_token_s"],
+        "p95_ratio": fcfs["p95_latency_per_token_s"] / autellix["p95_latency_per_token_s"],
+    }
+
+
+async def _gather(*coroutines: Any) -> list[Any]:
+    return list(await asyncio.gather(*coroutines))

@@ -1,0 +1,96 @@
+"""Scheduler overhead: what the Autellix scheduler adds to each ``schedule()``.
+
+Model-free (see ``_vllm_adapter.model_free_scheduler``): the same requests go
+through stock vLLM's scheduler (FCFS, vLLM's default) and through
+``AutellixScheduler``, and every step is timed. The batch is full (``running``
+calls decoding) and ``waiting`` calls queue behind it, from programs at worse
+levels than the running ones, so the measured steps are the steady state:
+every step re-checks preemption, charges every running call and keeps the
+order, but nothing is preempted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BLOCK_SIZE = 16
+PROMPT_TOKENS = 32
+
+
+def measure(
+    running: int = 256, waiting: int = 1000, steps: int = 200, warmup: int = 20
+) -> dict[str, Any]:
+    from autellix_vllm import _vllm_adapter as adapter
+    from autellix_vllm.scheduler import AutellixScheduler
+
+    model_dir = adapter.write_config_only_model(Path(tempfile.mkdtemp()) / "model")
+    results = {}
+    for name, cls, policy in (
+        ("vllm_fcfs", adapter.Scheduler, "fcfs"),
+        ("autellix", AutellixScheduler, "priority"),
+    ):
+        scheduler = adapter.model_free_scheduler(
+            cls,
+            model_dir,
+            max_num_seqs=running,
+            num_blocks=running * (warmup + steps + PROMPT_TOKENS) // BLOCK_SIZE * 2 + 1024,
+            max_num_batched_tokens=max(8192, running * PROMPT_TOKENS),
+            max_model_len=4096,
+            block_size=BLOCK_SIZE,
+            policy=policy,
+        )
+        results[name] = _time_steps(adapter, scheduler, running, waiting, steps, warmup)
+    stock, ours = results["vllm_fcfs"], results["autellix"]
+    return {
+        "running": running,
+        "waiting": waiting,
+        "steps": steps,
+        "vllm_fcfs": stock,
+        "autellix": ours,
+        "added_schedule_ms": ours["schedule_ms_median"] - stock["schedule_ms_median"],
+        "added_step_ms": ours["step_ms_median"] - stock["step_ms_median"],
+    }
+
+
+def _time_steps(
+    adapter: Any, scheduler: Any, running: int, waiting: int, steps: int, warmup: int
+) -> dict[str, float]:
+    def add(i: int, prior_service: float) -> None:
+        xargs = {"autellix_program_id": f"p{i}", "autellix_prior_service": prior_service}
+        scheduler.add_request(
+            adapter.new_request(
+                f"r{i}",
+                [1 + i % 90] * PROMPT_TOKENS,
+                max_tokens=4000 - PROMPT_TOKENS,
+                extra_args=xargs,
+                arrival_time=float(i),
+                block_size=BLOCK_SIZE,
+            )
+        )
+
+    for i in range(running):  # fresh programs: the best level
+        add(i, 0.0)
+    for _ in range(warmup):  # admit and prefill them
+        adapter.finish_step(scheduler, scheduler.schedule())
+    assert len(scheduler.running) == running, "the batch did not fill"
+    for i in range(running, running + waiting):  # programs with history: worse levels
+        add(i, 1000.0 * (1 + i % 5))
+    schedule_s, step_s = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        output = scheduler.schedule()
+        scheduled = time.perf_counter()
+        adapter.finish_step(scheduler, output)
+        done = time.perf_counter()
+        assert not output.preempted_req_ids and len(output.num_scheduled_tokens) == running
+        schedule_s.append(scheduled - start)
+        step_s.append(done - start)
+    return {
+        "schedule_ms_median": 1000 * statistics.median(schedule_s),
+        "schedule_ms_p95": 1000 * statistics.quantiles(schedule_s, n=20)[-1],
+        "step_ms_median": 1000 * statistics.median(step_s),
+    }
