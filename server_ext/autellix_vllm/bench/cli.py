@@ -51,10 +51,6 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
 
     add_router_benchmarks(benches)
 
-    from autellix_vllm.bench.router_cli import add_router_benchmarks
-
-    add_router_benchmarks(benches)
-
 
 def _run_engine(args: argparse.Namespace) -> int:
     from autellix_vllm.bench.engine import BenchSettings, run_engine_bench
