@@ -1,0 +1,296 @@
+"""The router in front of the shared real engine (tests/conftest.py ``engine``), over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import aiohttp
+import autellix
+import openai
+import pytest
+from autellix_vllm.launcher import free_port
+from autellix_vllm.policy.config import ServiceMeter
+
+pytestmark = pytest.mark.engine
+
+PROGRAMS = "/autellix/v1/programs"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def request(method: str, url: str, **kwargs) -> tuple[int, object]:
+    async with aiohttp.ClientSession() as http, http.request(method, url, **kwargs) as answer:
+        text = await answer.text()
+        try:
+            return answer.status, json.loads(text)
+        except json.JSONDecodeError:
+            return answer.status, text
+
+
+def completion(model: str, prompt: str = "hello", max_tokens: int = 4, **extra) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+            **extra}  # fmt: skip
+
+
+def program_row(table: dict, program_id: str) -> dict | None:
+    return next((p for p in table["programs"] if p["program_id"] == program_id), None)
+
+
+def assert_openai_error(status: int, body: object, expected_status: int, code: str) -> None:
+    assert status == expected_status, body
+    assert isinstance(body, dict) and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code, body
+
+
+async def test_session_api_opens_lists_and_ends_programs(engine, start_router):
+    model = engine.served_model_name
+    async with start_router([engine.base_url]) as url:
+        status, opened = await request("POST", url + PROGRAMS, json={"name": "demo"})
+        assert status == 200 and opened["name"] == "demo"
+        program_id = opened["program_id"]
+        headers = {"X-Autellix-Program-Id": program_id, "X-Autellix-Call-Id": "c1"}
+        status, answer = await request(
+            "POST", url + "/v1/completions", json=completion(model), headers=headers
+        )
+        assert status == 200, answer
+        usage = answer["usage"]
+
+        status, table = await request("GET", url + PROGRAMS)
+        row = program_row(table, program_id)
+        assert row["name"] == "demo" and row["engines"] == {"engine-0": 1}
+        assert row["calls_completed"] == 1 and row["threads"] == 1 and row["calls_active"] == 0
+        expected = ServiceMeter().amount(usage["completion_tokens"], usage["prompt_tokens"])
+        assert row["service"] == pytest.approx(expected)
+        assert row["last_arrival_s"] <= row["last_completion_s"]
+        assert {"waiting_time", "age_s", "engine", "rebinds"} <= set(row)
+
+        engine_table = (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
+        assert program_row(engine_table, program_id) is not None
+        status, ended = await request("DELETE", f"{url}{PROGRAMS}/{program_id}")
+        assert status == 200 and ended == {"program_id": program_id, "ended": True}
+        engine_table = (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
+        assert program_row(engine_table, program_id) is None  # ended on the engine too
+        assert program_row((await request("GET", url + PROGRAMS))[1], program_id) is None
+
+        status, body = await request(
+            "POST", url + "/v1/completions", json=completion(model), headers=headers
+        )
+        assert_openai_error(status, body, 404, "program_ended")
+        assert_openai_error(*await request("DELETE", f"{url}{PROGRAMS}/{program_id}"), 404,
+                            "program_ended")  # fmt: skip
+        assert_openai_error(*await request("DELETE", f"{url}{PROGRAMS}/never-issued"), 404,
+                            "program_not_found")  # fmt: skip
+
+        # An id the router never issued (the SDK's local fallback) opens a program.
+        local = unique("local")
+        status, _ = await request(
+            "POST", url + "/v1/completions", json=completion(model),
+            headers={"X-Autellix-Program-Id": local},
+        )  # fmt: skip
+        assert status == 200
+        assert program_row((await request("GET", url + PROGRAMS))[1], local) is not None
+
+
+async def test_the_program_service_summed_by_the_router_reaches_the_engine(engine, start_router):
+    model = engine.served_model_name
+    program_id = unique("prior")
+    headers = {"X-Autellix-Program-Id": program_id}
+    async with start_router([engine.base_url]) as url:
+        for _ in range(2):
+            status, _ = await request(
+                "POST", url + "/v1/completions", json=completion(model, max_tokens=8),
+                headers=headers,
+            )  # fmt: skip
+            assert status == 200
+        router_service = program_row((await request("GET", url + PROGRAMS))[1], program_id)[
+            "service"
+        ]
+        # The engine forgets the program (as if its calls had run elsewhere) ...
+        status, _ = await request(
+            "DELETE", f"{engine.base_url}/autellix/v1/engine/programs/{program_id}"
+        )
+        assert status == 200
+        # ... and learns its service again from the router's X-Autellix-Prior-Service.
+        status, _ = await request(
+            "POST", url + "/v1/completions", json=completion(model, max_tokens=8),
+            headers=headers,
+        )  # fmt: skip
+        assert status == 200
+        engine_table = (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
+        assert program_row(engine_table, program_id)["attained_service"] >= router_service + 8
+
+
+async def test_bad_input_gets_openai_errors_and_the_router_keeps_serving(engine, start_router):
+    model = engine.served_model_name
+    url_path = "/v1/chat/completions"
+    good = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with start_router([engine.base_url], max_body_bytes=4096) as url:
+        post = url + url_path
+        checks = [
+            (await request("POST", post, data=b"{oops", headers={"Content-Type":
+                                                                 "application/json"}),
+             400, "invalid_json"),
+            (await request("POST", post, json={"messages": []}), 400, "missing_model"),
+            (await request("POST", post, json={**good, "model": "nope"}), 404,
+             "model_not_found"),
+            (await request("POST", post, json={**good, "pad": "x" * 5000}), 413,
+             "body_too_large"),
+            (await request("POST", post, json=good, headers={"X-Autellix-Program-Id":
+                                                             "x" * 200}),
+             400, "invalid_identity"),
+            (await request("POST", post, json=good, headers={"X-Autellix-Prior-Service":
+                                                             "lots"}),
+             400, "invalid_identity"),
+            (await request("GET", url + "/v1/nothing"), 404, "not_found"),
+            (await request("GET", post), 405, "method_not_allowed"),
+            (await request("POST", url + PROGRAMS, json={"name": 5}), 400, "invalid_name"),
+        ]  # fmt: skip
+        for (status, body), expected_status, code in checks:
+            assert_openai_error(status, body, expected_status, code)
+        bad_header = checks[4][0][1]
+        assert bad_header["error"]["param"] == "X-Autellix-Program-Id"
+
+        # An engine's own error passes through with its status and body.
+        status, body = await request("POST", post, json={**good, "max_tokens": -1})
+        assert status == 400 and "error" in body and body["error"]["code"] != "invalid_json"
+
+        status, answer = await request("POST", post, json=good)
+        assert status == 200 and answer["choices"][0]["message"]["content"]
+
+
+async def test_with_an_api_key_every_route_needs_it(engine, start_router):
+    key = "sk-test-" + uuid.uuid4().hex
+    async with start_router([engine.base_url], api_key=key) as url:
+        routes = [
+            ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+            ("POST", PROGRAMS), ("GET", PROGRAMS), ("DELETE", PROGRAMS + "/x"),
+            ("GET", "/autellix/v1/engines"), ("GET", "/metrics"), ("GET", "/health"),
+        ]  # fmt: skip
+        for method, path in routes:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": key}):
+                status, body = await request(method, url + path, headers=headers, json={})
+                assert_openai_error(status, body, 401, "invalid_api_key")
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=key) as client:
+            models = await client.models.list()
+            assert [m.id for m in models.data] == [engine.served_model_name]
+            answer = await client.completions.create(
+                model=engine.served_model_name, prompt="hi", max_tokens=2
+            )
+            assert answer.usage.completion_tokens == 2
+        auth = {"Authorization": f"Bearer {key}"}
+        assert (await request("GET", url + PROGRAMS, headers=auth))[0] == 200
+
+
+async def test_streams_pass_through_chunk_by_chunk_and_are_charged(engine, start_router):
+    model = engine.served_model_name
+    async with (
+        start_router([engine.base_url]) as url,
+        openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0) as client,
+    ):
+        for include_usage in (False, True):
+            program_id = unique("stream")
+            stream = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "count"}],
+                max_tokens=12,
+                stream=True,
+                stream_options={"include_usage": True} if include_usage else None,
+                extra_body={"ignore_eos": True},
+                extra_headers={"X-Autellix-Program-Id": program_id},
+            )
+            chunks = [chunk async for chunk in stream]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert len(chunks) >= 3 and len(text) >= 6
+            usage_chunks = [c for c in chunks if c.usage is not None]
+            assert len(usage_chunks) == (1 if include_usage else 0)
+            row = program_row((await request("GET", url + PROGRAMS))[1], program_id)
+            assert row["calls_completed"] == 1 and row["service"] >= 12
+
+
+async def engine_counters(engine) -> dict:
+    return (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
+
+
+async def wait_for(predicate, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_router, stream):
+    model = engine.served_model_name
+    program_id = unique("gone")
+    body = completion(model, max_tokens=480, stream=stream)
+    before = (await engine_counters(engine))["calls_aborted"]
+    async with start_router([engine.base_url]) as url:
+        async with aiohttp.ClientSession() as http:
+            call = http.post(
+                url + "/v1/completions", json=body, headers={"X-Autellix-Program-Id": program_id}
+            )
+            if stream:
+                async with call as answer:
+                    assert answer.status == 200
+                    await answer.content.readany()  # the stream has started
+            else:
+                task = asyncio.ensure_future(call)
+
+                async def running_on_engine() -> bool:
+                    row = program_row(await engine_counters(engine), program_id)
+                    return row is not None and row["active_calls"] == 1
+
+                await wait_for(running_on_engine)
+                task.cancel()
+
+        async def aborted() -> bool:
+            table = await engine_counters(engine)
+            row = program_row(table, program_id)
+            return table["calls_aborted"] > before and (row is None or row["active_calls"] == 0)
+
+        await wait_for(aborted)
+
+
+async def test_the_sdk_opens_and_ends_its_program_on_the_router(engine, start_router):
+    async with (
+        start_router([engine.base_url]) as url,
+        autellix.AsyncOpenAI(base_url=url + "/v1", api_key="-") as client,
+    ):
+        async with autellix.session("sdk-demo", client=client) as identity:
+            await client.completions.create(
+                model=engine.served_model_name, prompt="hi", max_tokens=2
+            )
+            row = program_row((await request("GET", url + PROGRAMS))[1],
+                              identity.program_id)  # fmt: skip
+            assert row["name"] == "sdk-demo" and row["calls_completed"] == 1
+        table = (await request("GET", url + PROGRAMS))[1]
+        assert program_row(table, identity.program_id) is None
+
+
+async def test_metrics_and_a_dead_upstream(engine, start_router):
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with start_router([engine.base_url, dead], balancer="round-robin") as url:
+        status, health = await request("GET", url + "/health")
+        assert status == 200 and health == {"healthy_engines": ["engine-0"]}
+        for i in range(3):  # round-robin over one healthy engine: no call fails
+            status, _ = await request(
+                "POST", url + "/v1/completions", json=completion(engine.served_model_name),
+                headers={"X-Autellix-Program-Id": f"metrics-{i}"},
+            )  # fmt: skip
+            assert status == 200
+        status, engines = await request("GET", url + "/autellix/v1/engines")
+        assert [e["healthy"] for e in engines["engines"]] == [True, False]
+        assert "refused" in engines["engines"][1]["last_error"]
+        status, text = await request("GET", url + "/metrics")
+        for line in (
+            'autellix_router_engine_healthy{engine="engine-0"} 1.0',
+            'autellix_router_engine_healthy{engine="engine-1"} 0.0',
+            'autellix_router_calls_total{engine="engine-0",reason="round-robin"} 3.0',
+            "autellix_router_programs_active 3.0",
+            "autellix_router_proxy_overhead_seconds_count 3.0",
+        ):
+            assert line in text, line

@@ -1,0 +1,243 @@
+"""``autellix serve --engines 2`` on the embedded model: stickiness, failover, shutdown.
+
+One ``autellix serve`` process (two real engines) is shared by the tests of
+this module, which run in file order: routing first, then ``ps``/``top``,
+then an engine is killed mid-run, and last the whole thing is stopped with
+SIGTERM. Prompts "exceed the threshold" cheaply: the threshold is lowered to
+200 tokens and the tiny model's tokenizer has one token per character.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import string
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import aiohttp
+import openai
+import pytest
+
+pytestmark = pytest.mark.engine
+
+THRESHOLD = 200
+SERVE = [sys.executable, "-m", "autellix_vllm"]
+PROGRAMS = "/autellix/v1/programs"
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[str]
+    url: str = ""
+    engine_urls: dict[int, str] = field(default_factory=dict)
+    engine_pids: dict[int, int] = field(default_factory=dict)
+    output: list[str] = field(default_factory=list)
+
+
+def group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if marker.encode() in cmdline.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def start_serve(*options: str) -> Served:
+    process = subprocess.Popen(
+        [*SERVE, "serve", "--port", "0", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    return Served(process)
+
+
+def read_until_ready(served: Served, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    assert served.process.stdout is not None
+    for line in served.process.stdout:
+        served.output.append(line)
+        if found := re.search(r"engine (\d+) ready at (\S+) \(pid (\d+)\)", line):
+            served.engine_urls[int(found[1])] = found[2]
+            served.engine_pids[int(found[1])] = int(found[3])
+        if found := re.search(r"router ready at (\S+);", line):
+            served.url = found[1]
+            return
+        assert time.monotonic() < deadline, "autellix serve did not get ready"
+    pytest.fail("autellix serve exited early:\n" + "".join(served.output))
+
+
+@pytest.fixture(scope="module")
+def served():
+    served = start_serve(
+        "--engines", "2", "--lb", "locality", "--locality-threshold", str(THRESHOLD),
+        "--chars-per-token", "1", "--max-model-len", "1024", "--max-num-seqs", "8",
+        "--health-interval", "0.5",
+    )  # fmt: skip
+    try:
+        read_until_ready(served)
+        yield served
+    finally:
+        if served.process.poll() is None:
+            served.process.send_signal(signal.SIGTERM)
+            try:
+                served.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(served.process.pid, signal.SIGKILL)
+        for pid in served.engine_pids.values():  # nothing may survive, whatever happened
+            if group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def transcript(seed: str, length: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice(string.ascii_lowercase + " ") for _ in range(length))
+
+
+async def get_json(url: str) -> dict:
+    async with aiohttp.ClientSession() as http, http.get(url) as answer:
+        assert answer.status == 200
+        return await answer.json()
+
+
+async def run_program(
+    client: openai.AsyncOpenAI, url: str, calls: int, max_tokens: int, first_len: int = 300
+) -> str:
+    """Open a program, make ``calls`` sequential long calls on its growing transcript."""
+    async with aiohttp.ClientSession() as http, http.post(url + PROGRAMS, json={}) as answer:
+        program_id = (await answer.json())["program_id"]
+    text = transcript(program_id, first_len + 60 * calls)
+    for n in range(calls):
+        answer = await client.completions.create(
+            model="autellix-tiny",
+            prompt=text[: first_len + 60 * n],
+            max_tokens=max_tokens,
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Autellix-Program-Id": program_id, "X-Autellix-Call-Id": f"c{n}"},
+        )
+        assert answer.usage.completion_tokens == max_tokens
+    return program_id
+
+
+def client_for(served: Served) -> openai.AsyncOpenAI:
+    # No client retries: whatever survives an engine failure is the router's doing.
+    return openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="-", max_retries=0)
+
+
+async def test_long_calls_stick_to_one_engine_and_short_calls_spread_by_load(served):
+    async with client_for(served) as client:
+        programs = await asyncio.gather(
+            *(run_program(client, served.url, calls=3, max_tokens=2) for _ in range(20))
+        )
+        table = await get_json(served.url + PROGRAMS)
+        rows = {row["program_id"]: row for row in table["programs"]}
+        for program_id in programs:
+            row = rows[program_id]
+            assert list(row["engines"]) == [row["engine"]], row  # one engine, its binding
+            assert row["calls_completed"] == 3 and row["rebinds"] == 0
+        assert {rows[p]["engine"] for p in programs} == {"engine-0", "engine-1"}
+
+        await asyncio.gather(
+            *(
+                client.completions.create(
+                    model="autellix-tiny",
+                    prompt="short",
+                    max_tokens=2,
+                    extra_headers={"X-Autellix-Program-Id": programs[0]},
+                )  # fmt: skip
+                for _ in range(16)
+            )
+        )
+    async with aiohttp.ClientSession() as http, http.get(served.url + "/metrics") as answer:
+        metrics = await answer.text()
+    for engine in ("engine-0", "engine-1"):
+        assert re.search(rf'calls_total{{engine="{engine}",reason="least-loaded"}} [1-9]', metrics)
+        assert re.search(rf'calls_total{{engine="{engine}",reason="bind"}} [1-9]', metrics)
+    assert re.search(r'reason="sticky"} [1-9]', metrics)
+
+
+def test_ps_and_top_print_the_table(served):
+    ps = subprocess.run(
+        [*SERVE, "ps", "--url", served.url + "/v1"], capture_output=True, text=True, timeout=60
+    )
+    assert ps.returncode == 0, ps.stderr
+    lines = ps.stdout.splitlines()
+    assert "engine-0 up" in lines[0] and "engine-1 up" in lines[0]
+    assert lines[1].split()[:3] == ["PROGRAM", "NAME", "ENGINE"]
+    assert len(lines) >= 2 + 20 and any("engine-1" in line for line in lines[2:])
+    raw = subprocess.run(
+        [*SERVE, "ps", "--url", served.url, "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert len(json.loads(raw.stdout)["programs"]) >= 20
+    top = subprocess.run(
+        [*SERVE, "top", "--url", served.url, "--iterations", "2", "--interval", "0.1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert top.returncode == 0 and top.stdout.count("autellix top") == 2
+
+
+async def test_killing_an_engine_mid_run_loses_no_program(served):
+    async with client_for(served) as client:
+        runs = [
+            asyncio.ensure_future(run_program(client, served.url, calls=6, max_tokens=24))
+            for _ in range(10)
+        ]
+        await asyncio.sleep(3)  # every program has made calls; some are in flight
+        os.killpg(served.engine_pids[1], signal.SIGKILL)
+        programs = await asyncio.gather(*runs)  # raises if any call of any program failed
+
+    table = await get_json(served.url + PROGRAMS)
+    rows = {row["program_id"]: row for row in table["programs"]}
+    moved = [p for p in programs if rows[p]["rebinds"] > 0]
+    assert moved, "no program was on the killed engine"
+    for program_id in programs:
+        row = rows[program_id]
+        assert row["engine"] == "engine-0" and row["calls_failed"] == 0
+        assert row["calls_completed"] == 6
+    for program_id in moved:
+        assert set(rows[program_id]["engines"]) == {"engine-0", "engine-1"}
+    engines = {e["name"]: e for e in table["engines"]}
+    assert engines["engine-0"]["healthy"] and not engines["engine-1"]["healthy"]
+
+
+def test_sigterm_stops_the_router_and_every_engine(served):
+    assert served.process.poll() is None
+    served.process.send_signal(signal.SIGTERM)
+    rest, _ = served.process.communicate(timeout=90)
+    assert served.process.returncode == 0, rest
+    assert "stopped" in rest
+    for pid in served.engine_pids.values():
+        assert not group_alive(pid)
+
+
+def test_serve_stops_what_it_started_when_an_engine_cannot_start():
+    marker = f"marker-{uuid.uuid4().hex[:8]}"
+    served = start_serve(
+        "--engines", "2", "--served-model-name", marker, "--", "--no-such-vllm-flag"
+    )
+    output, _ = served.process.communicate(timeout=300)
+    assert served.process.returncode == 1, output
+    assert "error:" in output
+    assert processes_mentioning(marker) == []
