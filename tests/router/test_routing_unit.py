@@ -109,6 +109,11 @@ def test_a_retry_excludes_the_engine_that_failed():
     assert d.programs.get("p").engine == second.name
     with pytest.raises(ApiError) as error:
         route(d, "p", 500, exclude=d.pool.engines)
+    assert error.value.status == 502 and error.value.code == "engine_unreachable"
+    for engine in d.pool.engines:
+        d.pool.mark_down(engine, "gone")
+    with pytest.raises(ApiError) as error:
+        route(d, "p", 500)
     assert error.value.status == 503 and error.value.code == "no_healthy_engine"
 
 

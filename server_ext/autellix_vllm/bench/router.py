@@ -31,12 +31,12 @@ from typing import Any
 from autellix_vllm.bench.engine import (
     BenchSettings,
     build_workload,
+    engine_config,
     replay,
-    scaled_levels,
     summarize,
 )
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
-from autellix_vllm.launcher import EngineConfig, EngineProcess
+from autellix_vllm.launcher import EngineProcess
 from autellix_vllm.serve_cli import stop_all
 from autellix_vllm.tiny_model import SERVED_MODEL_NAME
 
@@ -93,13 +93,7 @@ def run_router_bench(
 def _start_engines(
     settings: BenchSettings, count: int, vllm_args: list[str]
 ) -> list[EngineProcess]:
-    config = EngineConfig(
-        port=0,
-        max_num_seqs=settings.max_num_seqs,
-        max_model_len=settings.max_model_len,
-        extra_args=list(vllm_args),
-        extra_env={"AUTELLIX_LEVELS": scaled_levels(settings)},
-    )
+    config = replace(engine_config("autellix", settings), extra_args=list(vllm_args))
     engines = [EngineProcess(config) for _ in range(count)]
     try:
         for engine in engines:
@@ -122,7 +116,8 @@ def _run_policy(
     # Fresh ids, hence fresh transcripts: nothing cached by the other policy's run helps.
     renamed = [replace(p, program_id=f"{policy}/{p.program_id}") for p in programs]
     options = ["--lb", policy, "--locality-threshold", str(threshold), "--chars-per-token", "1"]
-    with running(router_command(upstreams, *options), ROUTER_READY) as router_url:
+    with running(router_command(upstreams, *options), ROUTER_READY) as router:
+        router_url = router.ready
         cache_before = _prefix_cache(upstreams)
         began = time.monotonic()
         results = asyncio.run(replay(router_url, SERVED_MODEL_NAME, renamed, settings))

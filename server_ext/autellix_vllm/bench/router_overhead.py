@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from autellix_vllm.bench.fake_upstream import MODEL
-from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
+from autellix_vllm.bench.subprocesses import ROUTER_READY, cpu_seconds, router_command, running
 
 _CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
 _BODY = json.dumps(
@@ -103,8 +103,10 @@ async def measure_latency(
 
 
 async def measure_throughput(
-    target: tuple[str, int], concurrency: int, seconds: float
-) -> dict[str, float]:
+    target: tuple[str, int], concurrency: int, seconds: float, server_pid: int | None = None
+) -> dict[str, Any]:
+    """Calls/s over ``concurrency`` connections; with ``server_pid``, also the CPU time
+    that process spent per call (independent of what else the machine runs)."""
     connections = [await Connection(*target, f"bench-load-{i}").open() for i in range(concurrency)]
     latencies: list[float] = []
     stop_at = 0.0
@@ -117,10 +119,12 @@ async def measure_throughput(
         stop_at = time.perf_counter() + 1.0  # warm up
         await asyncio.gather(*(drive(c) for c in connections))
         latencies.clear()
+        cpu_before = cpu_seconds(server_pid) if server_pid else None
         started = time.perf_counter()
         stop_at = started + seconds
         await asyncio.gather(*(drive(c) for c in connections))
         elapsed = time.perf_counter() - started
+        cpu_after = cpu_seconds(server_pid) if server_pid else None
     finally:
         for connection in connections:
             await connection.close()
@@ -131,6 +135,11 @@ async def measure_throughput(
         "calls_per_s": round(len(latencies) / elapsed, 1),
         "p50_ms": _ms(statistics.median(latencies)),
         "p99_ms": _ms(_quantile(latencies, 0.99)),
+        "server_cpu_ms_per_call": (
+            _ms((cpu_after - cpu_before) / len(latencies))
+            if cpu_before is not None and cpu_after is not None
+            else None
+        ),
     }
 
 
@@ -168,23 +177,26 @@ def run_router_overhead(
     seconds: float = 10.0, concurrency: int = 32, latency_calls: int = 2000
 ) -> dict[str, Any]:
     fake_upstream = [sys.executable, "-m", "autellix_vllm.bench.fake_upstream", "--port", "0"]
-    with running(fake_upstream, r"PORT (\d+)") as upstream_port:
-        upstream_url = f"http://127.0.0.1:{upstream_port}"
-        with running(router_command([upstream_url]), ROUTER_READY) as router_url:
-            direct = ("127.0.0.1", int(upstream_port))
-            routed = ("127.0.0.1", int(router_url.rsplit(":", 1)[1]))
-            return asyncio.run(_measure(direct, routed, seconds, concurrency, latency_calls))
+    with running(fake_upstream, r"PORT (\d+)") as upstream:
+        upstream_url = f"http://127.0.0.1:{upstream.ready}"
+        with running(router_command([upstream_url]), ROUTER_READY) as router:
+            direct = ("127.0.0.1", int(upstream.ready))
+            routed = ("127.0.0.1", int(router.ready.rsplit(":", 1)[1]))
+            return asyncio.run(
+                _measure(direct, routed, router.pid, seconds, concurrency, latency_calls)
+            )
 
 
 async def _measure(
     direct: tuple[str, int],
     routed: tuple[str, int],
+    router_pid: int,
     seconds: float,
     concurrency: int,
     latency_calls: int,
 ) -> dict[str, Any]:
     latency = await measure_latency(direct, routed, latency_calls, warmup=200)
-    throughput = await measure_throughput(routed, concurrency, seconds)
+    throughput = await measure_throughput(routed, concurrency, seconds, router_pid)
     metrics = await _router_metrics(*routed)
     return {
         "latency": latency,

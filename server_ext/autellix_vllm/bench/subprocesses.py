@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Started:
+    ready: str  # the first group of the ready line
+    pid: int
 
 
 @contextlib.contextmanager
-def running(command: list[str], ready: str, timeout_s: float = 120.0) -> Iterator[str]:
+def running(command: list[str], ready: str, timeout_s: float = 120.0) -> Iterator[Started]:
     """Run ``command`` for the duration of the block.
 
     Waits for an output line matching the regex ``ready`` and yields its first
-    group; the process is terminated (then killed) when the block ends.
+    group with the process id; the process is terminated (then killed) when the
+    block ends.
     """
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -26,7 +35,7 @@ def running(command: list[str], ready: str, timeout_s: float = 120.0) -> Iterato
             if found:
                 # Keep reading its output, so a chatty process never blocks on a full pipe.
                 threading.Thread(target=process.stdout.read, daemon=True).start()
-                yield found.group(1)
+                yield Started(found.group(1), process.pid)
                 return
             if time.monotonic() > deadline:
                 break
@@ -51,3 +60,13 @@ def router_command(upstreams: list[str], *options: str) -> list[str]:
 
 
 ROUTER_READY = r"router ready at (http://\S+);"
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` so far (Linux /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -129,6 +129,8 @@ class Dispatcher:
         candidates = [
             e for e in self.pool.healthy() if call.model in e.models and e not in excluded
         ]
+        if not candidates and excluded:
+            raise ApiError(502, "every engine that could answer failed", "engine_unreachable")
         if not candidates:
             raise ApiError(
                 503, f"no healthy engine serves the model {call.model!r}", "no_healthy_engine"
