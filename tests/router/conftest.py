@@ -2,33 +2,44 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from autellix_vllm.router import RouterConfig, serve_router
+from aiohttp import web
+from autellix_vllm.router import RouterConfig, create_app
+from autellix_vllm.router.state import STATE, RouterState
+
+
+@dataclass
+class RunningRouter:
+    url: str
+    app: web.Application
+
+    @property
+    def state(self) -> RouterState:
+        return self.app[STATE]
 
 
 @contextlib.asynccontextmanager
-async def running_router(upstreams: list[str], **options: Any) -> AsyncIterator[str]:
-    """A router over ``upstreams`` (RouterConfig ``options``); yields its root URL."""
-    config = RouterConfig(upstreams=tuple(upstreams), **options)
-    stop = asyncio.Event()
-    ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    server = asyncio.create_task(serve_router(config, "127.0.0.1", 0, stop, ready.set_result))
-    done, _ = await asyncio.wait({server, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if server in done:
-        server.result()  # raises what stopped it
+async def running_router(upstreams: list[str], **options: Any) -> AsyncIterator[RunningRouter]:
+    """A router over ``upstreams`` (RouterConfig ``options``), served as in production
+    (handler cancellation on), on 127.0.0.1 and a free port."""
+    app = create_app(RouterConfig(upstreams=tuple(upstreams), **options))
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
     try:
-        yield ready.result()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield RunningRouter(f"http://{host}:{port}", app)
     finally:
-        stop.set()
-        await server
+        await runner.cleanup()
 
 
 @pytest.fixture
-def start_router() -> Callable[..., contextlib.AbstractAsyncContextManager[str]]:
-    """``async with start_router([upstream], **options) as url``: see :func:`running_router`."""
+def start_router() -> Callable[..., contextlib.AbstractAsyncContextManager[RunningRouter]]:
+    """``async with start_router([upstream], **options) as router``: see :func:`running_router`."""
     return running_router

@@ -48,7 +48,8 @@ def assert_openai_error(status: int, body: object, expected_status: int, code: s
 
 async def test_session_api_opens_lists_and_ends_programs(engine, start_router):
     model = engine.served_model_name
-    async with start_router([engine.base_url]) as url:
+    async with start_router([engine.base_url]) as router:
+        url = router.url
         status, opened = await request("POST", url + PROGRAMS, json={"name": "demo"})
         assert status == 200 and opened["name"] == "demo"
         program_id = opened["program_id"]
@@ -99,7 +100,8 @@ async def test_the_program_service_summed_by_the_router_reaches_the_engine(engin
     model = engine.served_model_name
     program_id = unique("prior")
     headers = {"X-Autellix-Program-Id": program_id}
-    async with start_router([engine.base_url]) as url:
+    async with start_router([engine.base_url]) as router:
+        url = router.url
         for _ in range(2):
             status, _ = await request(
                 "POST", url + "/v1/completions", json=completion(model, max_tokens=8),
@@ -128,7 +130,8 @@ async def test_bad_input_gets_openai_errors_and_the_router_keeps_serving(engine,
     model = engine.served_model_name
     url_path = "/v1/chat/completions"
     good = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    async with start_router([engine.base_url], max_body_bytes=4096) as url:
+    async with start_router([engine.base_url], max_body_bytes=4096) as router:
+        url = router.url
         post = url + url_path
         checks = [
             (await request("POST", post, data=b"{oops", headers={"Content-Type":
@@ -164,7 +167,8 @@ async def test_bad_input_gets_openai_errors_and_the_router_keeps_serving(engine,
 
 async def test_with_an_api_key_every_route_needs_it(engine, start_router):
     key = "sk-test-" + uuid.uuid4().hex
-    async with start_router([engine.base_url], api_key=key) as url:
+    async with start_router([engine.base_url], api_key=key) as router:
+        url = router.url
         routes = [
             ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
             ("POST", PROGRAMS), ("GET", PROGRAMS), ("DELETE", PROGRAMS + "/x"),
@@ -188,9 +192,10 @@ async def test_with_an_api_key_every_route_needs_it(engine, start_router):
 async def test_streams_pass_through_chunk_by_chunk_and_are_charged(engine, start_router):
     model = engine.served_model_name
     async with (
-        start_router([engine.base_url]) as url,
-        openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0) as client,
+        start_router([engine.base_url]) as router,
+        openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="-", max_retries=0) as client,
     ):
+        url = router.url
         for include_usage in (False, True):
             program_id = unique("stream")
             stream = await client.chat.completions.create(
@@ -228,7 +233,8 @@ async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_ro
     program_id = unique("gone")
     body = completion(model, max_tokens=480, stream=stream)
     before = (await engine_counters(engine))["calls_aborted"]
-    async with start_router([engine.base_url]) as url:
+    async with start_router([engine.base_url]) as router:
+        url = router.url
         async with aiohttp.ClientSession() as http:
             call = http.post(
                 url + "/v1/completions", json=body, headers={"X-Autellix-Program-Id": program_id}
@@ -257,9 +263,10 @@ async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_ro
 
 async def test_the_sdk_opens_and_ends_its_program_on_the_router(engine, start_router):
     async with (
-        start_router([engine.base_url]) as url,
-        autellix.AsyncOpenAI(base_url=url + "/v1", api_key="-") as client,
+        start_router([engine.base_url]) as router,
+        autellix.AsyncOpenAI(base_url=router.url + "/v1", api_key="-") as client,
     ):
+        url = router.url
         async with autellix.session("sdk-demo", client=client) as identity:
             await client.completions.create(
                 model=engine.served_model_name, prompt="hi", max_tokens=2
@@ -273,7 +280,8 @@ async def test_the_sdk_opens_and_ends_its_program_on_the_router(engine, start_ro
 
 async def test_metrics_and_a_dead_upstream(engine, start_router):
     dead = f"http://127.0.0.1:{free_port()}"
-    async with start_router([engine.base_url, dead], balancer="round-robin") as url:
+    async with start_router([engine.base_url, dead], balancer="round-robin") as router:
+        url = router.url
         status, health = await request("GET", url + "/health")
         assert status == 200 and health == {"healthy_engines": ["engine-0"]}
         for i in range(3):  # round-robin over one healthy engine: no call fails
@@ -294,3 +302,52 @@ async def test_metrics_and_a_dead_upstream(engine, start_router):
             "autellix_router_proxy_overhead_seconds_count 3.0",
         ):
             assert line in text, line
+
+
+async def test_calls_an_engine_drops_before_answering_are_retried_on_another(engine, start_router):
+    """engine-0 is a closed port that the router believes healthy (as right after a
+    crash, before any probe noticed): every call routed there is retried on engine-1."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    model = engine.served_model_name
+    async with start_router([dead, engine.base_url], balancer="round-robin") as router:
+        pool = router.state.pool
+        crashed = pool.engines[0]
+        async with openai.AsyncOpenAI(
+            base_url=router.url + "/v1", api_key="-", max_retries=0
+        ) as client:
+            for stream in (False, True, False, True):
+                crashed.models = dict(pool.engines[1].models)
+                pool.mark_up(crashed)
+                program_id = unique("retried")
+                answer = await client.completions.create(
+                    model=model, prompt="hi", max_tokens=3, stream=stream,
+                    extra_body={"ignore_eos": True},
+                    extra_headers={"X-Autellix-Program-Id": program_id},
+                )  # fmt: skip
+                if stream:
+                    text = "".join([chunk.choices[0].text async for chunk in answer
+                                    if chunk.choices])  # fmt: skip
+                    assert len(text) >= 1
+                else:
+                    assert answer.usage.completion_tokens == 3
+                assert not crashed.healthy  # the refused connection took it out at once
+                row = program_row((await request("GET", router.url + PROGRAMS))[1], program_id)
+                assert row["calls_completed"] == 1 and row["calls_failed"] == 0
+                assert row["engines"] == {"engine-0": 0, "engine-1": 1}
+        metrics = (await request("GET", router.url + "/metrics"))[1]
+        assert 'autellix_router_retries_total{engine="engine-0"} 4.0' in metrics
+
+
+async def test_responses_pass_through_like_the_engine_answers_them(engine, start_router):
+    body = {"model": engine.served_model_name, "input": "hello", "max_output_tokens": 4}
+    direct_status, direct = await request("POST", engine.base_url + "/v1/responses", json=body)
+    async with start_router([engine.base_url]) as router:
+        status, routed = await request(
+            "POST", router.url + "/v1/responses", json=body,
+            headers={"X-Autellix-Program-Id": "responses-demo"},
+        )  # fmt: skip
+        assert status == direct_status
+        assert type(routed) is type(direct)
+        if status == 200:
+            row = program_row((await request("GET", router.url + PROGRAMS))[1], "responses-demo")
+            assert row["calls_completed"] == 1 and row["service"] > 0
