@@ -178,3 +178,16 @@ def test_ps_prints_one_row_per_program_and_marks_dead_engines():
     assert lines[3].split() == ["young", "agent", "engine-0", "2", "1", "5", "12.5", "3.0", "5s"]
     assert format_table(table, sort_by="service").splitlines()[2].startswith("young")
     assert [human_duration(s) for s in (0, 59, 61, 7322)] == ["0s", "59s", "1m01s", "2h02m"]
+
+
+def test_the_overhead_benchmark_reads_a_histograms_median():
+    from autellix_vllm.bench.router_overhead import histogram_median_ms
+    from autellix_vllm.router.metrics import RouterMetrics
+
+    metrics = RouterMetrics()
+    for seconds in (0.0002, 0.0002, 0.0004, 0.004):
+        metrics.proxy_overhead.observe(seconds)
+    text = metrics.render().decode()
+    median = histogram_median_ms(text, "autellix_router_proxy_overhead_seconds")
+    assert 0.1 <= median <= 0.25  # two of four samples lie in (0.1 ms, 0.25 ms]
+    assert histogram_median_ms("", "autellix_router_proxy_overhead_seconds") is None

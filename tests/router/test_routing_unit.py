@@ -26,10 +26,9 @@ def make_dispatcher(balancer: str = "locality", engines: int = 2) -> Dispatcher:
     for engine in pool.engines:
         engine.models = {MODEL: {"id": MODEL}}
         pool.mark_up(engine)
-    programs = ProgramTable(ended_ids_kept=10, idle_ttl_s=600)
-    dispatcher = Dispatcher(
-        config, None, pool, programs, make_balancer(balancer, THRESHOLD), metrics
-    )  # type: ignore[arg-type]
+    chosen = make_balancer(balancer, THRESHOLD)
+    programs = ProgramTable(ended_ids_kept=10, idle_ttl_s=600, on_drop=chosen.forget)
+    dispatcher = Dispatcher(config, None, pool, programs, chosen, metrics)  # type: ignore[arg-type]
     pool.on_down = dispatcher.engine_down
     return dispatcher
 
@@ -206,3 +205,14 @@ def test_config_refuses_bad_values():
     ):
         with pytest.raises(ValueError):
             RouterConfig(**bad)
+
+
+def test_a_program_that_leaves_the_table_leaves_the_balancer_too():
+    d = make_dispatcher()
+    route(d, "ended", 500)
+    route(d, "idle", 500)
+    assert set(d.balancer.bindings) == {"ended", "idle"}
+    d.programs.end("ended")
+    d.programs.clock = lambda: 1e12  # far in the future: everything idle is dropped
+    d.programs.evict_idle()
+    assert d.balancer.bindings == {}

@@ -49,9 +49,9 @@ def _router_state(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s),
             auto_decompress=False,
         )
-        programs = ProgramTable(config.ended_ids_kept, config.idle_ttl_s)
-        metrics.track_programs(lambda: len(programs))
         balancer = make_balancer(config.balancer, config.locality_threshold)
+        programs = ProgramTable(config.ended_ids_kept, config.idle_ttl_s, on_drop=balancer.forget)
+        metrics.track_programs(lambda: len(programs))
         pool = EnginePool(
             config.upstreams,
             session,

@@ -58,10 +58,14 @@ class ProgramTable:
         ended_ids_kept: int,
         idle_ttl_s: float,
         clock: Callable[[], float] = time.time,
+        on_drop: Callable[[str], None] = lambda program_id: None,
     ) -> None:
         self.ended_ids_kept = ended_ids_kept
         self.idle_ttl_s = idle_ttl_s
         self.clock = clock
+        # Told the id of every program that leaves the table (ended or idle), so
+        # that what else is kept per program (the balancer's binding) goes too.
+        self.on_drop = on_drop
         # Least recently active first, so idle programs are found from the front.
         self._programs: OrderedDict[str, ProgramRecord] = OrderedDict()
         self._ended: OrderedDict[str, None] = OrderedDict()
@@ -103,6 +107,7 @@ class ProgramTable:
         """End a program: it leaves the table and its id is refused from now on."""
         record = self._programs.pop(program_id, None)
         if record is not None:
+            self.on_drop(program_id)
             self._ended[program_id] = None
             while len(self._ended) > self.ended_ids_kept:
                 self._ended.popitem(last=False)
@@ -156,6 +161,7 @@ class ProgramTable:
                 dropped.append(program_id)
         for program_id in dropped:
             del self._programs[program_id]
+            self.on_drop(program_id)
         return dropped
 
     def snapshot(self, waits: dict[str, float]) -> list[dict[str, Any]]:

@@ -94,7 +94,6 @@ async def end_program(request: web.Request) -> web.Response:
     record = state.programs.end(program_id)
     if record is None:
         raise ApiError(404, f"no program {program_id!r}", "program_not_found", "program_id")
-    state.dispatcher.balancer.forget(program_id)
     engines = [state.pool.by_name[name] for name in record.calls_per_engine]
     await asyncio.gather(*(_end_on_engine(state, e.url, program_id) for e in engines))
     return web.json_response({"program_id": program_id, "ended": True})
