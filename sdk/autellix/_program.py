@@ -20,7 +20,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from types import TracebackType
+from contextvars import Token
 from typing import Any, ParamSpec, TypeVar, overload
 
 import openai
@@ -51,9 +51,9 @@ class ProgramSession:
         self._client = client
         self._as_thread: ThreadBlock | None = None
         self._identity: ThreadIdentity | None = None
-        self._token: Any = None
+        self._token: Token[ThreadIdentity | None] | None = None
+        # The client whose server opened the program; None for a local program.
         self._server: Any = None
-        """The client whose server opened the program; None for a local program."""
 
     async def __aenter__(self) -> ThreadIdentity:
         if current_identity() is not None:
@@ -62,12 +62,7 @@ class ProgramSession:
         program_id = await open_program(client, self._name) if client else None
         return self._enter_as_program(program_id, client)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         program_id = self._leave()
         if program_id is not None:
             await end_program(self._server, program_id)
@@ -79,12 +74,7 @@ class ProgramSession:
         program_id = open_program_blocking(client, self._name) if client else None
         return self._enter_as_program(program_id, client)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         program_id = self._leave()
         if program_id is not None:
             end_program_blocking(self._server, program_id)
@@ -114,7 +104,8 @@ class ProgramSession:
         if self._as_thread is not None:
             self._as_thread.__exit__(None, None, None)
             return None
-        unbind(self._token)
+        if self._token is not None:
+            unbind(self._token)
         if self._server is None or self._identity is None:
             return None
         return self._identity.program_id

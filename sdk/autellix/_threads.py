@@ -21,7 +21,6 @@ import asyncio
 import contextvars
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
-from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from ._identity import ThreadIdentity, bind, current_identity, unbind
@@ -72,12 +71,7 @@ class ThreadBlock:
         self._token = bind(child)
         return child
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._token is not None:
             unbind(self._token)
             self._token = None
@@ -85,13 +79,8 @@ class ThreadBlock:
     async def __aenter__(self) -> ThreadIdentity | None:
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, traceback)
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__(*exc_info)
 
 
 def thread(name: str | None = None) -> ThreadBlock:

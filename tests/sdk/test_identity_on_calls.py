@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import autellix
+import openai
 import pytest
 from fake_server import FakeOpenAIServer, Received
 
@@ -169,8 +170,6 @@ async def test_raw_and_streaming_response_wrappers_are_tagged(
 
 
 async def test_plain_openai_client_is_not_tagged(server: FakeOpenAIServer) -> None:
-    import openai
-
     plain = openai.AsyncOpenAI(base_url=server.base_url, api_key="k")
 
     async with autellix.session("job", client=plain):
@@ -180,3 +179,19 @@ async def test_plain_openai_client_is_not_tagged(server: FakeOpenAIServer) -> No
     [call] = server.generation_calls()
     assert call.program_id is None
     assert server.state.opened_programs == server.state.ended_programs == ["prog-1"]
+
+
+async def test_a_header_the_user_omits_stays_omitted(
+    server: FakeOpenAIServer, client: autellix.AsyncOpenAI
+) -> None:
+    @autellix.program
+    async def agent() -> None:
+        await client.chat.completions.create(
+            model="m", messages=MESSAGES, extra_headers={"X-Session-ID": openai.omit}
+        )
+
+    await agent()
+
+    [call] = server.generation_calls()
+    assert call.header("X-Session-ID") is None
+    assert call.program_id == "prog-1"
