@@ -208,14 +208,25 @@ class AutellixSchedulerMixin:
     # ---- each step ------------------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        self._preempt_for_waiters(time.time())
         # vLLM walks `running` in order for the token budget, and its own KV-pressure
         # victim is the worst (priority, arrival): keep both in the core's order.
-        self.running.sort(key=lambda r: self.core.rank(self.calls[r.request_id]))
+        # (Nearly sorted from the last step, so this is close to linear.)
+        self.running.sort(key=self._rank)
+        self._preempt_for_waiters(time.time())
         return super().schedule(throttle_prefills)  # type: ignore[misc]
+
+    def _rank(self, request: Request) -> tuple[float, int]:
+        return self.core.rank(self.calls[request.request_id])
 
     def _preempt_for_waiters(self, now: float) -> None:
         """Make room for better-level waiting calls when the batch is full."""
+        head = self.core.peek()
+        if head is None or not self.running:
+            return
+        # The common case, and O(1): the best waiter does not outrank the worst
+        # running call (last, once sorted), so no waiter outranks any running call.
+        if not self.core.outranks(head, self.calls[self.running[-1].request_id]):
+            return
         running = [self.calls[r.request_id] for r in self.running]
         free_seats = adapter.batch_seats(self) - len(running)  # type: ignore[arg-type]
         for victim in self.core.victims(running, free_seats):

@@ -21,20 +21,16 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     engine = benches.add_parser(
         "engine", help="program latency per token on real engines: stock FCFS vs Autellix"
     )
-    engine.add_argument("--programs", type=int, help="programs in the workload (default 64)")
-    engine.add_argument("--quick", action="store_true", help="32 programs: about 5 minutes")
+    engine.add_argument("--programs", type=int, help="programs in the workload (default 32)")
+    engine.add_argument("--quick", action="store_true", help="16 programs: about 5 minutes")
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument(
-        "--workload", default="sharegpt", choices=["sharegpt", "bfcl", "lats", "mixed"]
+        "--workload", default="mixed", choices=["sharegpt", "bfcl", "lats", "mixed"]
     )
-    engine.add_argument("--rate", type=float, help="program arrivals per second")
-    engine.add_argument("--concurrency", type=int, help="programs running at once at most")
-    engine.add_argument("--max-num-seqs", type=int, help="the engines' batch size")
     engine.add_argument(
-        "--sequential",
-        action="store_true",
-        help="run the two engines one after the other instead of side by side",
+        "--rate", type=float, help="program arrivals per second (default: from the probe)"
     )
+    engine.add_argument("--max-num-seqs", type=int, help="the engines' batch size (default 2)")
     engine.add_argument("--json", action="store_true", help="print only the JSON result")
     engine.set_defaults(func=_run_engine)
 
@@ -56,7 +52,7 @@ def _run_engine(args: argparse.Namespace) -> int:
     from autellix_vllm.bench.engine import BenchSettings, run_engine_bench
 
     overrides: dict[str, Any] = {"seed": args.seed, "workload": args.workload}
-    for option in ("programs", "rate", "concurrency", "max_num_seqs"):
+    for option in ("programs", "rate", "max_num_seqs"):
         value = getattr(args, option)
         if value is not None:
             if value <= 0:
@@ -69,7 +65,7 @@ def _run_engine(args: argparse.Namespace) -> int:
             f" max_num_seqs {settings.max_num_seqs}; starting two engines...",
             file=sys.stderr,
         )
-    _emit(run_engine_bench(settings, side_by_side=not args.sequential), args.json)
+    _emit(run_engine_bench(settings), args.json)
     return 0
 
 

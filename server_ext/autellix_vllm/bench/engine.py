@@ -11,9 +11,10 @@ multi-call programs through the OpenAI completions API:
   their prefix with earlier ones, as agent calls do;
 * decode lengths are forced (``ignore_eos`` and ``max_tokens``);
 * tool gaps are sleeps between a call and the calls that depend on it;
-* ``max_num_seqs`` is small, so the engine saturates and calls queue; at most
-  ``concurrency`` programs run at once, which keeps the load the same on a fast
-  or a busy machine.
+* ``max_num_seqs`` is small, so the engine saturates and calls queue;
+* arrivals are Poisson, spread over a fixed fraction of the time the engines
+  need for the whole workload at their probed speed, so the load is the same on
+  a fast and on a busy machine.
 
 The metric is the paper's: program latency per token = program wall time
 (arrival to last completion) / the program's decoded tokens, averaged over
@@ -37,7 +38,7 @@ import aiohttp
 from autellix_vllm.launcher import EngineConfig, EngineProcess
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.sim.trace import CallSpec, ProgramSpec
-from autellix_vllm.sim.workloads import generate
+from autellix_vllm.sim.workloads import at_rate, generate
 
 # Characters the tiny model's tokenizer has (one token each).
 _TEXT = string.ascii_lowercase + "      .,"
@@ -46,26 +47,26 @@ PROMPT_HEADROOM = 8  # tokens kept free below max_model_len (BOS, rounding)
 
 @dataclass(frozen=True)
 class BenchSettings:
-    programs: int = 64
+    programs: int = 32
     seed: int = 0
-    workload: str = "sharegpt"
-    rate: float = 4.0  # program arrivals per second (Poisson)
-    # At most this many programs run at once (a pool of agents): the engine stays
-    # saturated whatever the machine's speed, and waiting in the pool is not
-    # counted as program latency (a program starts when it gets a slot).
-    concurrency: int = 16
+    workload: str = "mixed"
+    # Programs arrive (Poisson) over this fraction of the time the engine needs to
+    # decode the whole workload at its probed speed: the same load on a fast and
+    # on a busy machine. An explicit ``rate`` (programs per second) overrides it.
+    arrival_window: float = 0.3
+    rate: float | None = None
     token_scale: float = 0.125  # the workload's token counts, scaled to the CPU model
     min_decode: int = 4
     max_decode: int = 128
     tool_gap_s: float = 0.05  # mean tool gap where the workload has none
-    max_num_seqs: int = 4
+    max_num_seqs: int = 2
     max_model_len: int = 1024
-    call_timeout_s: float = 600.0
+    call_timeout_s: float = 1800.0
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
-        """Fits in about five minutes on two CPU cores, both engines included."""
-        return replace(cls(programs=32), **overrides)
+        """16 programs: about five minutes on two idle CPU cores, engines included."""
+        return replace(cls(programs=16), **overrides)
 
 
 @dataclass
@@ -81,8 +82,10 @@ class ProgramResult:
 
 
 def build_workload(settings: BenchSettings) -> list[ProgramSpec]:
-    """The seeded programs, scaled to fit the CPU model's context and speed."""
-    programs = generate(settings.workload, settings.programs, settings.rate, settings.seed)
+    """The seeded programs, scaled to fit the CPU model's context and speed; arrivals
+    at ``settings.rate``, or one per second on average until :func:`spread` sets them."""
+    rate = settings.rate or 1.0
+    programs = generate(settings.workload, settings.programs, rate, settings.seed)
     return [_scaled(program, settings) for program in programs]
 
 
@@ -113,21 +116,17 @@ async def replay(
     """Run every program (its calls in dependency order) and time it."""
     timeout = aiohttp.ClientTimeout(total=settings.call_timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
-    slots = asyncio.Semaphore(settings.concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         start = time.monotonic()
-
-        async def arrive(program: ProgramSpec) -> ProgramResult:
-            await asyncio.sleep(max(0.0, start + program.arrival - time.monotonic()))
-            async with slots:
-                return await _run_program(http, base_url, model, program)
-
-        return await asyncio.gather(*(arrive(p) for p in programs))
+        return await asyncio.gather(
+            *(_run_program(http, base_url, model, p, start) for p in programs)
+        )
 
 
 async def _run_program(
-    http: aiohttp.ClientSession, base_url: str, model: str, program: ProgramSpec
+    http: aiohttp.ClientSession, base_url: str, model: str, program: ProgramSpec, start: float
 ) -> ProgramResult:
+    await asyncio.sleep(max(0.0, start + program.arrival - time.monotonic()))
     arrived = time.monotonic()
     text = transcript(program.program_id, max(c.prompt_tokens for c in program.calls))
     done: dict[str, asyncio.Future[None]] = {
@@ -236,48 +235,66 @@ async def _measure(engine: EngineProcess, programs: list[ProgramSpec], settings:
     return summary
 
 
-def run_engine_bench(settings: BenchSettings, side_by_side: bool = True) -> dict[str, Any]:
-    """Both engines on the same workload; ratios > 1 mean Autellix is faster.
+def run_engine_bench(settings: BenchSettings) -> dict[str, Any]:
+    """Both engines side by side on the same workload; ratios > 1: Autellix is faster.
 
-    Side by side (the default), both engines run at once and the workload is
-    replayed against both together, so background load on a shared machine
-    hits both alike; they share the CPU symmetrically. Otherwise one engine
-    runs after the other.
+    Both engines run at once and the workload is replayed against both together,
+    so background load on a shared machine hits both alike (they share the CPU
+    symmetrically). Before the replay, a short saturating probe measures their
+    decode speed, which sets the arrival window (unless ``settings.rate`` is set).
     """
     programs = build_workload(settings)
-    names = ("fcfs", "autellix")
     with contextlib.ExitStack() as stack:
-        if side_by_side:
-            engines = [EngineProcess(engine_config(name, settings)) for name in names]
-            for engine in engines:
-                stack.callback(engine.stop)
-                engine.start()
-            for engine in engines:
-                engine.wait_healthy()
-            summaries = asyncio.run(_gather(*(_measure(e, programs, settings) for e in engines)))
-        else:
-            summaries = []
-            for name in names:
-                with EngineProcess(engine_config(name, settings)) as engine:
-                    summaries.append(asyncio.run(_measure(engine, programs, settings)))
-    fcfs, autellix = summaries
+        engines = []
+        for name in ("fcfs", "autellix"):
+            engine = EngineProcess(engine_config(name, settings))
+            stack.callback(engine.stop)
+            engines.append(engine.start())
+        for engine in engines:
+            engine.wait_healthy()
+        speed = min(asyncio.run(_gather(*(probe_speed(e, settings) for e in engines))))
+        if settings.rate is None:
+            programs = spread(programs, settings.arrival_window, speed)
+        fcfs, autellix = asyncio.run(_gather(*(_measure(e, programs, settings) for e in engines)))
     return {
         "settings": {
             "programs": settings.programs,
             "workload": settings.workload,
             "seed": settings.seed,
-            "rate": settings.rate,
-            "concurrency": settings.concurrency,
             "max_num_seqs": settings.max_num_seqs,
             "token_scale": settings.token_scale,
             "levels": scaled_levels(settings),
-            "side_by_side": side_by_side,
+            "probe_tokens_per_s": round(speed, 1),
+            "arrivals_over_s": round(max(p.arrival for p in programs), 2),
         },
         "fcfs": fcfs,
         "autellix": autellix,
         "avg_ratio": fcfs["avg_latency_per_token_s"] / autellix["avg_latency_per_token_s"],
         "p95_ratio": fcfs["p95_latency_per_token_s"] / autellix["p95_latency_per_token_s"],
     }
+
+
+def spread(programs: list[ProgramSpec], window: float, tokens_per_s: float) -> list[ProgramSpec]:
+    """Scale arrival times so they span ``window`` x (decode tokens / ``tokens_per_s``)."""
+    span = max(p.arrival for p in programs)
+    if span == 0:
+        return programs
+    target = window * sum(p.decode_tokens for p in programs) / tokens_per_s
+    return at_rate(programs, target / span)
+
+
+async def probe_speed(engine: EngineProcess, settings: BenchSettings) -> float:
+    """Decode tokens per second with the batch full (second of two rounds: the
+    first warms the engine up)."""
+    calls = 2 * settings.max_num_seqs
+    probe = ProgramSpec(
+        "probe", 0.0, tuple(CallSpec(f"probe.{i}", 48, 64, thread=f"t{i}") for i in range(calls))
+    )
+    seconds = 0.0
+    for _ in range(2):
+        (result,) = await replay(engine.base_url, engine.served_model_name, [probe], settings)
+        seconds = result.latency_s
+    return probe.decode_tokens / seconds
 
 
 async def _gather(*coroutines: Any) -> list[Any]:

@@ -6,7 +6,7 @@ through stock vLLM's scheduler (FCFS, vLLM's default) and through
 calls decoding) and ``waiting`` calls queue behind it, from programs at worse
 levels than the running ones, so the measured steps are the steady state:
 every step re-checks preemption, charges every running call and keeps the
-order, but nothing is preempted.
+order, but nothing is preempted. The two schedulers take turns, step by step.
 """
 
 from __future__ import annotations
@@ -24,16 +24,14 @@ PROMPT_TOKENS = 32
 def measure(
     running: int = 256, waiting: int = 1000, steps: int = 200, warmup: int = 20
 ) -> dict[str, Any]:
+    """Time ``steps`` steps of both schedulers, alternating step by step so that
+    background load on the machine hits both alike."""
     from autellix_vllm import _vllm_adapter as adapter
     from autellix_vllm.scheduler import AutellixScheduler
 
     model_dir = adapter.write_config_only_model(Path(tempfile.mkdtemp()) / "model")
-    results = {}
-    for name, cls, policy in (
-        ("vllm_fcfs", adapter.Scheduler, "fcfs"),
-        ("autellix", AutellixScheduler, "priority"),
-    ):
-        scheduler = adapter.model_free_scheduler(
+    schedulers = {
+        name: adapter.model_free_scheduler(
             cls,
             model_dir,
             max_num_seqs=running,
@@ -43,22 +41,41 @@ def measure(
             block_size=BLOCK_SIZE,
             policy=policy,
         )
-        results[name] = _time_steps(adapter, scheduler, running, waiting, steps, warmup)
-    stock, ours = results["vllm_fcfs"], results["autellix"]
-    return {
-        "running": running,
-        "waiting": waiting,
-        "steps": steps,
-        "vllm_fcfs": stock,
-        "autellix": ours,
-        "added_schedule_ms": ours["schedule_ms_median"] - stock["schedule_ms_median"],
-        "added_step_ms": ours["step_ms_median"] - stock["step_ms_median"],
+        for name, cls, policy in (
+            ("vllm_fcfs", adapter.Scheduler, "fcfs"),
+            ("autellix", AutellixScheduler, "priority"),
+        )
     }
+    for scheduler in schedulers.values():
+        _fill(adapter, scheduler, running, waiting, warmup)
+    schedule_s: dict[str, list[float]] = {name: [] for name in schedulers}
+    step_s: dict[str, list[float]] = {name: [] for name in schedulers}
+    for _ in range(steps):
+        for name, scheduler in schedulers.items():
+            start = time.perf_counter()
+            output = scheduler.schedule()
+            scheduled = time.perf_counter()
+            adapter.finish_step(scheduler, output)
+            done = time.perf_counter()
+            assert not output.preempted_req_ids and len(output.num_scheduled_tokens) == running
+            schedule_s[name].append(scheduled - start)
+            step_s[name].append(done - start)
+    result: dict[str, Any] = {"running": running, "waiting": waiting, "steps": steps}
+    for name in schedulers:
+        result[name] = {
+            "schedule_ms_median": 1000 * statistics.median(schedule_s[name]),
+            "schedule_ms_p95": 1000 * statistics.quantiles(schedule_s[name], n=20)[-1],
+            "step_ms_median": 1000 * statistics.median(step_s[name]),
+        }
+    stock, ours = result["vllm_fcfs"], result["autellix"]
+    result["added_schedule_ms"] = ours["schedule_ms_median"] - stock["schedule_ms_median"]
+    result["added_step_ms"] = ours["step_ms_median"] - stock["step_ms_median"]
+    return result
 
 
-def _time_steps(
-    adapter: Any, scheduler: Any, running: int, waiting: int, steps: int, warmup: int
-) -> dict[str, float]:
+def _fill(adapter: Any, scheduler: Any, running: int, waiting: int, warmup: int) -> None:
+    """A full batch of fresh programs, then ``waiting`` calls of older programs."""
+
     def add(i: int, prior_service: float) -> None:
         xargs = {"autellix_program_id": f"p{i}", "autellix_prior_service": prior_service}
         scheduler.add_request(
@@ -79,18 +96,3 @@ def _time_steps(
     assert len(scheduler.running) == running, "the batch did not fill"
     for i in range(running, running + waiting):  # programs with history: worse levels
         add(i, 1000.0 * (1 + i % 5))
-    schedule_s, step_s = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        output = scheduler.schedule()
-        scheduled = time.perf_counter()
-        adapter.finish_step(scheduler, output)
-        done = time.perf_counter()
-        assert not output.preempted_req_ids and len(output.num_scheduled_tokens) == running
-        schedule_s.append(scheduled - start)
-        step_s.append(done - start)
-    return {
-        "schedule_ms_median": 1000 * statistics.median(schedule_s),
-        "schedule_ms_p95": 1000 * statistics.quantiles(schedule_s, n=20)[-1],
-        "step_ms_median": 1000 * statistics.median(step_s),
-    }
