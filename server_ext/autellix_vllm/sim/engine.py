@@ -150,7 +150,10 @@ class KVPool:
 
     def grow(self, job: Job, tokens: int) -> bool:
         """Make room for ``tokens`` more of ``job``'s KV; False if the pool is full."""
-        need = _blocks(job.computed + tokens, self.block_size) - job.hit_blocks - job.own_blocks
+        held = job.hit_blocks + job.own_blocks
+        if job.computed + tokens <= held * self.block_size:
+            return True  # fits in its last block
+        need = _blocks(job.computed + tokens, self.block_size) - held
         if need <= 0:
             return True
         if not self.reclaim(need):
@@ -257,13 +260,20 @@ class SimEngine:
             else:
                 prefills.append((job, tokens))
 
+        # Rank order matters only when budget or blocks may not cover every running
+        # call; a batch of decodes needs one token and at most one new block each.
+        rank = core.policy.rank
+        order = self.running
+        n = len(order)
+        if n > budget or n > self.kv.reclaimable or any(j.missing > 1 for j in order):
+            order = sorted(order, key=lambda j: rank(j.call))
         preempted: set[Job] = set()
-        for job in sorted(self.running, key=lambda j: core.rank(j.call)):
+        for job in list(order):
             if job in preempted or budget <= 0:
                 continue
             tokens = min(job.missing, budget)
             while not self.kv.grow(job, tokens):
-                victim = max(self.running, key=lambda j: core.rank(j.call))
+                victim = max(self.running, key=lambda j: rank(j.call))
                 self._preempt(victim, now)
                 preempted.add(victim)
                 if victim is job:

@@ -1,0 +1,93 @@
+"""Calibrate the simulator's ``cpu-tiny`` preset from the embedded CPU engine.
+
+    python tests/bench/calibrate_cpu_preset.py [--json]
+
+Starts one real engine (stock FCFS scheduling, the tiny random-weight model),
+then measures:
+
+* the decode step time at batch sizes 1, 2, 4 and 8 (median gap between
+  streamed tokens of b concurrent requests), fitted as ``step_base +
+  per_decode * b``;
+* the prefill cost per prompt token (time to the first token of a long prompt,
+  minus one base step, over the prompt length).
+
+Prints the fitted ``step_base``, ``per_decode`` and ``per_prefill`` that
+``autellix_vllm/sim/presets.py`` records for ``cpu-tiny``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+import openai
+
+from autellix_vllm.launcher import EngineConfig, EngineProcess
+
+BATCHES = (1, 2, 4, 8)
+DECODE_TOKENS = 96
+PROMPT_TOKENS = 900  # the tiny model's tokenizer has one token per character
+
+
+async def token_gaps(client: openai.AsyncOpenAI, model: str) -> list[float]:
+    stream = await client.completions.create(
+        model=model, prompt="hello", max_tokens=DECODE_TOKENS, stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    stamps = []
+    async for _ in stream:
+        stamps.append(time.perf_counter())
+    return [b - a for a, b in zip(stamps[5:], stamps[6:], strict=False)]
+
+
+async def measure(base_url: str, model: str) -> dict[str, float]:
+    client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="-", max_retries=0)
+    steps = {}
+    for batch in BATCHES:
+        gaps = await asyncio.gather(*(token_gaps(client, model) for _ in range(batch)))
+        steps[batch] = statistics.median(g for per_request in gaps for g in per_request)
+    n = len(BATCHES)
+    mean_b = sum(BATCHES) / n
+    mean_t = sum(steps.values()) / n
+    slope = sum((b - mean_b) * (steps[b] - mean_t) for b in BATCHES) / sum(
+        (b - mean_b) ** 2 for b in BATCHES
+    )
+    base = mean_t - slope * mean_b
+    prefill = []
+    for i in range(5):
+        t0 = time.perf_counter()
+        await client.completions.create(
+            model=model, prompt=chr(65 + i) * PROMPT_TOKENS, max_tokens=1
+        )
+        prefill.append(time.perf_counter() - t0)
+    per_prefill = max(0.0, (statistics.median(prefill) - base) / PROMPT_TOKENS)
+    await client.close()
+    return {
+        "step_base": base,
+        "per_decode": max(0.0, slope),
+        "per_prefill": per_prefill,
+        **{f"step_at_batch_{b}": t for b, t in steps.items()},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="calibrate the cpu-tiny preset")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    config = EngineConfig(port=0, scheduler="fcfs", max_num_seqs=8, max_model_len=1024)
+    with EngineProcess(config) as engine:
+        result = asyncio.run(measure(engine.base_url, engine.served_model_name))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:20s} {value * 1e3:8.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
