@@ -24,8 +24,11 @@ $(STAMP): pyproject.toml
 test: install
 	$(BIN)/python -m pytest -q
 
+# Until the example agents land, the demo is the simulator's comparison of the
+# policies on the paper's ShareGPT-like workload (latency-vs-rate plot in demo-sharegpt.png).
 demo: install
-	$(BIN)/autellix demo
+	$(BIN)/autellix simulate sweep --workload sharegpt --policies vllm-opt,mlfq,autellix,srpt \
+		--plot demo-sharegpt.png
 
 lint: install
 	$(BIN)/ruff check sdk server_ext tests examples
