@@ -1,15 +1,18 @@
 """Drop-in openai clients whose calls carry the caller's program and thread identity.
 
-The hook is `request(cast_to, options, ...)`: every HTTP call an openai client
-makes (`chat.completions.create`, `completions.create`, `responses.create`, their
-streaming forms, `with_raw_response`, low-level `post`) goes through it. Our
-override does two things and then hands over to openai unchanged:
+The hook is the client's public `post(path, *, cast_to, body, options, ...)`:
+every LLM call (`chat.completions.create`, `completions.create`,
+`responses.create`, their streaming forms, `with_raw_response`,
+`with_streaming_response`) is a POST that goes through it, with its per-call
+options as a plain `RequestOptions` dict. Our override does two things and then
+hands over to openai unchanged:
 
 1. tag: read the current identity from the contextvar and add headers and
-   `vllm_xargs` to a copy of the request options (see `_tagging`);
-2. retry: run openai's request with its own retries off, retrying transient
+   `vllm_xargs` to a copy of the options (see `_tagging`);
+2. retry: run openai's POST with its own retries off, retrying transient
    failures with one call id (see `_retry`).
 
+Other methods (GET, DELETE, ...) are left to openai, retries included.
 Reading the identity at call time (not storing it on the client) is what keeps
 `with_options()` copies and shared module-level clients correct.
 """
@@ -23,7 +26,7 @@ import openai
 
 from ._identity import current_identity, new_id
 from ._retry import RetryPolicy
-from ._tagging import tagging_update
+from ._tagging import tag_request_options
 
 _newest_clients: dict[str, weakref.ref[Any]] = {}
 """The most recently constructed autellix client of each kind ("async", "sync")."""
@@ -42,7 +45,7 @@ def newest_sync_client() -> OpenAI | None:
 
 
 class _AutellixClientMixin:
-    """What `AsyncOpenAI` and `OpenAI` share: settings, copies, tagging a call."""
+    """What `AsyncOpenAI` and `OpenAI` share: settings, copies, tagging a POST."""
 
     max_retries: int
     _retry_policy: RetryPolicy
@@ -84,14 +87,25 @@ class _AutellixClientMixin:
 
     with_options = copy
 
-    def _prepare_call(self, options: Any) -> tuple[Any, int]:
-        """A tagged copy of openai's request options, and how many attempts the call gets."""
-        attempts = options.get_max_retries(self.max_retries) + 1
-        update: dict[str, Any] = {"max_retries": 0}  # we retry; openai must not retry again
+    def _prepare_post(self, post_arguments: dict[str, Any]) -> int:
+        """Tag a POST's options in `post_arguments`; return how many attempts it gets."""
+        options = post_arguments.get("options") or {}
+        attempts = options.get("max_retries", self.max_retries) + 1
         identity = current_identity()
         if identity is not None:
-            update.update(tagging_update(options, identity, call_id=new_id()))
-        return options.model_copy(update=update), attempts
+            options = tag_request_options(
+                options, identity, new_id(), json_body=_json_object_body(post_arguments)
+            )
+        post_arguments["options"] = {**options, "max_retries": 0}  # we retry, openai must not
+        return attempts
+
+
+def _json_object_body(post_arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON object body of a POST; None for uploads and raw content."""
+    body = post_arguments.get("body")
+    if not isinstance(body, dict) or post_arguments.get("files") or post_arguments.get("content"):
+        return None
+    return body
 
 
 def _given_or(value: float | None, default: float) -> float:
@@ -108,15 +122,16 @@ class AsyncOpenAI(_AutellixClientMixin, openai.AsyncOpenAI):
     - `retry_backoff_seconds`: the first backoff; later ones double, with jitter
       (default 0.5).
 
-    `max_retries` keeps its openai meaning (default 2): a call gets
-    `max_retries + 1` attempts, all with the same call id.
+    `max_retries` keeps its openai meaning (default 2): a POST gets
+    `max_retries + 1` attempts, all with the same call id; other methods keep
+    openai's own retries.
     """
 
-    async def request(self, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
-        options, attempts = self._prepare_call(options)
-        send = super().request
+    async def post(self, path: str, **post_arguments: Any) -> Any:
+        attempts = self._prepare_post(post_arguments)
+        send = super().post
         return await self._retry_policy.call_async(
-            lambda: send(cast_to, options, *args, **kwargs), attempts=attempts
+            lambda: send(path, **post_arguments), attempts=attempts
         )
 
 
@@ -126,9 +141,9 @@ class OpenAI(_AutellixClientMixin, openai.OpenAI):
     Same extra arguments as `autellix.AsyncOpenAI`.
     """
 
-    def request(self, cast_to: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
-        options, attempts = self._prepare_call(options)
-        send = super().request
+    def post(self, path: str, **post_arguments: Any) -> Any:
+        attempts = self._prepare_post(post_arguments)
+        send = super().post
         return self._retry_policy.call_blocking(
-            lambda: send(cast_to, options, *args, **kwargs), attempts=attempts
+            lambda: send(path, **post_arguments), attempts=attempts
         )

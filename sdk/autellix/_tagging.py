@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from openai import NotGiven
-
 from ._identity import ThreadIdentity
 
 PROGRAM_ID_HEADER = "X-Autellix-Program-Id"
@@ -70,7 +68,7 @@ def merge_headers(user_headers: Mapping[str, Any], ours: Mapping[str, str]) -> d
 
 
 def merge_extra_body(
-    body: object, extra_body: Mapping[str, Any] | None, ours: Mapping[str, str]
+    json_body: Mapping[str, Any], extra_body: Mapping[str, Any] | None, ours: Mapping[str, str]
 ) -> dict[str, Any]:
     """`extra_body` with our keys added under `vllm_xargs`.
 
@@ -78,33 +76,31 @@ def merge_extra_body(
     from the body itself; openai merges the two shallowly, so both are folded in
     here and the user's keys win over ours.
     """
-    body_xargs = body.get(VLLM_XARGS_KEY) if isinstance(body, Mapping) else None
+    body_xargs = json_body.get(VLLM_XARGS_KEY)
     extra_xargs = extra_body.get(VLLM_XARGS_KEY) if extra_body else None
     xargs = {**ours, **(body_xargs or {}), **(extra_xargs or {})}
     return {**(extra_body or {}), VLLM_XARGS_KEY: xargs}
 
 
-def tagging_update(options: Any, identity: ThreadIdentity, call_id: str) -> dict[str, Any]:
-    """Field updates for openai's `FinalRequestOptions` that tag one call with `identity`.
+def tag_request_options(
+    options: Mapping[str, Any],
+    identity: ThreadIdentity,
+    call_id: str,
+    *,
+    json_body: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """A copy of openai's per-call `RequestOptions` that tags one call with `identity`.
 
-    The body is tagged only on POSTs with a JSON object body (every LLM call);
-    other methods, file uploads and raw `content` bodies get the headers alone.
+    `json_body` is the request's JSON object body (every LLM call has one);
+    requests without one (uploads, raw content) get the headers alone.
     """
-    user_headers = {} if isinstance(options.headers, NotGiven) else options.headers
-    update: dict[str, Any] = {
-        "headers": merge_headers(user_headers, identity_headers(identity, call_id))
-    }
-    if _has_json_object_body(options):
-        update["extra_json"] = merge_extra_body(
-            options.json_data, options.extra_json, identity_vllm_xargs(identity, call_id)
+    headers: dict[str, Any] = identity_headers(identity, call_id)
+    user_headers = options.get("headers")
+    if user_headers:
+        headers = merge_headers(user_headers, headers)
+    tagged = {**options, "headers": headers}
+    if json_body is not None:
+        tagged["extra_json"] = merge_extra_body(
+            json_body, options.get("extra_json"), identity_vllm_xargs(identity, call_id)
         )
-    return update
-
-
-def _has_json_object_body(options: Any) -> bool:
-    return (
-        options.method.lower() == "post"
-        and options.files is None
-        and options.content is None
-        and (options.json_data is None or isinstance(options.json_data, Mapping))
-    )
+    return tagged
