@@ -114,7 +114,11 @@ class ProgramRequestQueue(RequestQueue):
         return call.payload
 
     def remove_request(self, request: Request) -> None:
-        self.core.remove(self.calls[request.request_id])
+        # A request that stopped while preempted is freed (and its call finished)
+        # before vLLM removes it from `waiting`.
+        call = self.calls.get(request.request_id)
+        if call is not None:
+            self.core.remove(call)
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
         for request in requests:

@@ -264,3 +264,41 @@ def test_table_snapshot_shows_calls_threads_and_queue_depth(harness):
     assert p["threads"] == 2 and p["active_calls"] == 2
     states = {c["call_id"]: (c["state"], c["thread_id"]) for c in p["calls"]}
     assert states == {"c-a": ("running", "main"), "b": ("waiting", "t1")}
+
+
+class FakeRequest:
+    def __init__(self, request_id):
+        self.request_id = request_id
+
+
+def queue_with_calls(*ids):
+    from autellix_vllm.scheduler import ProgramRequestQueue, core_from_env
+
+    core = core_from_env({})
+    calls = {}
+    for request_id in ids:
+        calls[request_id] = core.add_call(request_id, "P", 0.0, payload=FakeRequest(request_id))
+    return core, calls, ProgramRequestQueue(core, calls)
+
+
+def test_a_popped_then_skipped_request_keeps_its_waiting_time():
+    core, calls, queue = queue_with_calls("a", "b")
+    queue.add_request(calls["a"].payload)
+    queue.add_request(calls["b"].payload)
+    core.advance(0.0, steps=3)
+    skipped = queue.pop_request()  # vLLM pops, cannot admit it yet, puts it back
+    assert skipped.request_id == "a" and len(queue) == 1
+    queue.prepend_requests([skipped])
+    core.advance(0.0, steps=2)
+    assert len(queue) == 2
+    assert core.wait_of(calls["a"]) == 5
+    assert [r.request_id for r in queue] == ["a", "b"]
+
+
+def test_removing_a_request_that_was_already_freed_is_harmless():
+    core, calls, queue = queue_with_calls("a")
+    queue.add_request(calls["a"].payload)
+    finished = calls.pop("a")
+    core.finish(finished, 1.0)
+    queue.remove_requests([finished.payload])
+    assert len(queue) == 0 and not queue
