@@ -138,10 +138,8 @@ class ProgramRequestQueue(RequestQueue):
         if call.state is CallState.RUNNING:
             self.core.preempt(call)
         elif call.state is CallState.WAITING:
-            # Popped, then skipped this pass (e.g. its grammar is still compiling):
-            # close the current waiting stretch so re-queueing does not forget it.
-            self.core.start(call)
-            self.core.enqueue(call)
+            # Popped, then skipped this pass (e.g. its grammar is still compiling).
+            self.core.requeue(call)
         else:
             self.core.enqueue(call)
 

@@ -250,3 +250,17 @@ def test_snapshot_reports_programs_and_queue():
     assert program["attained_service"] == 20.0 and program["threads"] == 2
     assert program["calls"][0]["state"] == "waiting"
     assert snap["queue_depth"][1] == 1 and snap["waiting"] == 1
+
+
+def test_requeue_keeps_the_waiting_stretch():
+    core = make(PLAS())
+    call = core.add_call("a", "p", now_s=0.0)
+    core.enqueue(call)
+    core.advance(now_s=0.0, steps=5)
+    assert core.pop() is call
+    core.requeue(call)  # popped, not admitted: still waiting since step 0
+    core.advance(now_s=0.0, steps=3)
+    core.start(call)
+    assert call.total_wait == 8
+    with pytest.raises(ValueError):
+        core.requeue(call)

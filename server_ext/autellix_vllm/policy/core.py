@@ -118,6 +118,14 @@ class ProgramScheduler:
     def remove(self, call: Call) -> bool:
         return self.waiting.remove(call)
 
+    def requeue(self, call: Call) -> None:
+        """A popped call the engine did not admit after all goes back; it has been
+        waiting all along, so its waiting stretch continues."""
+        if call.state is not CallState.WAITING or call.queued:
+            raise ValueError(f"call {call.call_id} was not popped from the wait queue")
+        self.waiting.push(call, self.policy.rank(call))
+        self._watch_starvation(call)
+
     def start(self, call: Call) -> None:
         """The call was admitted into the batch: its waiting stops here."""
         self.waiting.remove(call)

@@ -32,7 +32,7 @@ from .workloads import generate
 
 BISECTIONS = 5  # the max rate is then known to within a factor 2**(1/32), ~2%
 SEARCH_LIMIT = 8.0  # search no further than 8x the engines' nominal capacity
-DEFAULT_DURATION = {"sharegpt": 300.0, "bfcl": 120.0, "lats": 600.0, "mixed": 300.0}
+DEFAULT_DURATION = {"sharegpt": 300.0, "bfcl": 120.0, "lats": 200.0, "mixed": 150.0}
 
 
 @dataclass(frozen=True)
