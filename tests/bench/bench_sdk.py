@@ -1,10 +1,11 @@
 """How much time the autellix SDK adds to an LLM call, over the plain openai client.
 
-Starts a minimal OpenAI-like aiohttp server on 127.0.0.1 in a separate process,
-then times `chat.completions.create` through `openai.AsyncOpenAI` and through
-`autellix.AsyncOpenAI` inside a program, alternating one call of each (the order
-flips every round) so that both see the same machine noise. Also times the
-SDK's own per-call work (tagging the request options) without any network.
+Starts the SDK tests' aiohttp fake OpenAI server (tests/sdk/fake_server.py) on
+127.0.0.1 in a separate process, then times `chat.completions.create` through
+`openai.AsyncOpenAI` and through `autellix.AsyncOpenAI` inside a program, one
+call of each variant per round, the starting variant rotating, so that all see
+the same machine noise. Also times the SDK's own per-call work (tagging the
+request options) without any network.
 
     python tests/bench/bench_sdk.py --json
 """
@@ -14,68 +15,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
-from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import autellix
 import openai
-from aiohttp import web
 
+FAKE_SERVER = Path(__file__).resolve().parents[1] / "sdk" / "fake_server.py"
 MESSAGES = [{"role": "user", "content": "hi"}]
-CHAT_COMPLETION = json.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "m",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-    }
-).encode()
 
 
-def serve(port_sender: Connection) -> None:
-    """The server process: answer every chat completion with the same bytes."""
-
-    async def chat_completion(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(body=CHAT_COMPLETION, content_type="application/json")
-
-    async def open_program(request: web.Request) -> web.Response:
-        return web.json_response({"program_id": "bench-program"})
-
-    async def end_program(request: web.Request) -> web.Response:
-        return web.json_response({"ended": True})
-
-    async def start() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat_completion)
-        app.router.add_post("/autellix/v1/programs", open_program)
-        app.router.add_delete("/autellix/v1/programs/{program_id}", end_program)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        port_sender.send(runner.addresses[0][1])
-        await asyncio.Event().wait()
-
-    asyncio.run(start())
-
-
-def start_server() -> tuple[multiprocessing.Process, str]:
-    """Run the server in its own process; return it and its base URL."""
-    receiver, sender = multiprocessing.Pipe(duplex=False)
-    process = multiprocessing.Process(target=serve, args=(sender,), daemon=True)
-    process.start()
-    if not receiver.poll(30):
+def start_server() -> tuple[subprocess.Popen[str], str]:
+    """Run the SDK tests' fake server in its own process; return it and its base URL."""
+    command = [sys.executable, str(FAKE_SERVER)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    announced = process.stdout.readline().split()
+    if announced[:1] != ["PORT"]:
         process.kill()
-        raise RuntimeError("bench server did not start")
-    return process, f"http://127.0.0.1:{receiver.recv()}/v1"
+        raise RuntimeError(f"fake server did not start: {announced}")
+    return process, f"http://127.0.0.1:{announced[1]}/v1"
 
 
 async def time_call(client: openai.AsyncOpenAI, **call_options: Any) -> tuple[float, float]:
@@ -209,7 +174,7 @@ def main() -> None:
         samples = asyncio.run(time_side_by_side(base_url, args.calls, args.warmup))
     finally:
         server.kill()
-        server.join()
+        server.wait()
     result = summarize(samples, time_tagging_alone(repeats=20_000))
 
     if args.json:
