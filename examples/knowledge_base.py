@@ -1,0 +1,70 @@
+"""The ReAct agent's document tools: BM25 search and lookup by title.
+
+The corpus (``data/saltmarrow.jsonl``, one ``{"title", "text"}`` object a line)
+describes the Saltmarrow Isles, a place that does not exist, so a real model
+has to use the tools instead of its memory to answer the questions in
+``data/questions.jsonl``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from bm25 import BM25Index
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+CORPUS_PATH = DATA_DIR / "saltmarrow.jsonl"
+QUESTIONS_PATH = DATA_DIR / "questions.jsonl"
+
+
+@dataclass(frozen=True)
+class Passage:
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Question:
+    question: str
+    answer: str  # the expected answer, for scoring
+
+
+def read_jsonl(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def load_questions(path: Path = QUESTIONS_PATH) -> list[Question]:
+    return [Question(row["question"], row["answer"]) for row in read_jsonl(path)]
+
+
+class KnowledgeBase:
+    """Passages searchable by content (BM25 over title and text) and by title."""
+
+    def __init__(self, passages: list[Passage]) -> None:
+        self.passages = passages
+        self.index = BM25Index([f"{p.title}. {p.text}" for p in passages])
+        self._by_title = {_title_key(p.title): p for p in passages}
+
+    @classmethod
+    def load(cls, path: Path = CORPUS_PATH) -> KnowledgeBase:
+        return cls([Passage(row["title"], row["text"]) for row in read_jsonl(path)])
+
+    def search(self, query: str, k: int = 3) -> list[Passage]:
+        """The ``k`` passages that match ``query`` best, best first."""
+        return [self.passages[index] for index, _ in self.index.top(query, k)]
+
+    def lookup(self, title: str) -> Passage | None:
+        """The passage with this title (case and spacing ignored), if any."""
+        return self._by_title.get(_title_key(title))
+
+    def similar_titles(self, title: str, n: int = 3) -> list[str]:
+        keys = difflib.get_close_matches(_title_key(title), self._by_title, n=n, cutoff=0.5)
+        return [self._by_title[key].title for key in keys]
+
+
+def _title_key(title: str) -> str:
+    return " ".join(title.lower().split())
