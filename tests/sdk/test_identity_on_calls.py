@@ -154,9 +154,7 @@ async def test_raw_and_streaming_response_wrappers_are_tagged(
 ) -> None:
     @autellix.program
     async def agent() -> str | None:
-        raw = await client.chat.completions.with_raw_response.create(
-            model="m", messages=MESSAGES
-        )
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
         async with client.completions.with_streaming_response.create(
             model="m", prompt="hi"
         ) as streamed:

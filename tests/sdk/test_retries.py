@@ -31,9 +31,7 @@ async def test_transient_statuses_are_retried_with_the_same_call_id(
     assert len(attempts) == 3
     assert len({attempt.call_id for attempt in attempts}) == 1
     assert attempts[0].call_id is not None
-    assert {attempt.vllm_xargs["autellix_call_id"] for attempt in attempts} == {
-        attempts[0].call_id
-    }
+    assert {attempt.vllm_xargs["autellix_call_id"] for attempt in attempts} == {attempts[0].call_id}
 
 
 async def test_connection_resets_are_retried_with_the_same_call_id(
@@ -148,9 +146,7 @@ async def test_connection_refused_is_retried_then_raised(
     server.stop()
 
     started = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="autellix"), pytest.raises(
-        openai.APIConnectionError
-    ):
+    with caplog.at_level(logging.INFO, logger="autellix"), pytest.raises(openai.APIConnectionError):
         await client.completions.create(model="m", prompt="hi")
 
     assert time.monotonic() - started < 2.0
