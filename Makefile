@@ -1,11 +1,11 @@
-# The two commands of the README: `make demo` and `make test`.
+# The two commands of the README: `make demo` and `make test` (and `make demo-sim`).
 # Both create .venv on first use and install the project into it (idempotent).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.autellix-installed
 
-.PHONY: install test demo lint clean
+.PHONY: install test demo demo-sim lint clean
 
 install: $(STAMP)
 
@@ -24,9 +24,15 @@ $(STAMP): pyproject.toml
 test: install
 	$(BIN)/python -m pytest -q
 
-# Until the example agents land, the demo is the simulator's comparison of the
-# policies on the paper's ShareGPT-like workload (latency-vs-rate plot in demo-sharegpt.png).
+# The demo: `autellix serve` on the embedded tiny model, 8 ReAct agents and 2 MCTS
+# searches at once (examples/), `autellix ps` while they run, a table per program
+# at the end; every process it starts is stopped, also on Ctrl-C.
 demo: install
+	$(BIN)/python examples/demo.py
+
+# The simulator's comparison of the policies on the paper's ShareGPT-like workload
+# (latency-vs-rate plot in demo-sharegpt.png).
+demo-sim: install
 	$(BIN)/autellix simulate sweep --workload sharegpt --policies vllm-opt,mlfq,autellix,srpt \
 		--plot demo-sharegpt.png
 

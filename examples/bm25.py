@@ -49,7 +49,8 @@ class BM25Index:
         self.b = b
         self.term_counts = [Counter(tokenize(document)) for document in documents]
         self.lengths = [sum(counts.values()) for counts in self.term_counts]
-        self.mean_length = sum(self.lengths) / len(self.lengths) if documents else 0.0
+        # (1.0 when there are no words at all: then every score is 0 anyway.)
+        self.mean_length = sum(self.lengths) / len(self.lengths) if any(self.lengths) else 1.0
         document_frequency = Counter(term for counts in self.term_counts for term in counts)
         total = len(documents)
         self.idf = {

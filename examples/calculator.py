@@ -21,6 +21,7 @@ refusal is a :class:`CalculatorError` with a message meant for the model.
 from __future__ import annotations
 
 import ast
+import decimal
 import math
 import operator
 from collections.abc import Callable
@@ -104,9 +105,14 @@ def calculate(expression: str) -> str:
 
 def format_number(value: Number) -> str:
     """Whole numbers exactly; anything else with up to 10 significant digits."""
-    if isinstance(value, Fraction) and value.denominator == 1:
+    if isinstance(value, float):
+        return f"{value:.10g}"
+    if value.denominator == 1:
         return str(value.numerator)
-    return f"{float(value):.10g}"
+    # Decimal, not float: a fraction may be far beyond float's range (10**400 / 3).
+    with decimal.localcontext() as context:
+        context.prec = 12
+        return f"{decimal.Decimal(value.numerator) / value.denominator:.10g}"
 
 
 def _value(node: ast.AST) -> Number:

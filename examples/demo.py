@@ -36,8 +36,15 @@ EXAMPLES = Path(__file__).resolve().parent
 AUTELLIX = [sys.executable, "-m", "autellix_vllm"]
 # The random-weight model fills every JSON field it may; without free whitespace
 # between the fields its structured replies are about a third shorter.
-COMPACT_JSON = ["--structured-outputs-config", '{"disable_any_whitespace": true}']
+COMPACT_JSON = [
+    "--structured-outputs-config",
+    '{"backend": "xgrammar", "disable_any_whitespace": true}',
+]
 STOP_GRACE_S = 60.0  # serve itself gives each engine 20 s before SIGKILL
+
+
+class ServeError(RuntimeError):
+    """``autellix serve`` exited before it was ready."""
 
 
 @dataclass
@@ -78,7 +85,7 @@ class Serve:
                 return
         self.process.wait()
         tail = "".join(self.output[-15:])
-        raise RuntimeError(f"autellix serve exited with code {self.process.returncode}:\n{tail}")
+        raise ServeError(f"autellix serve exited with code {self.process.returncode}:\n{tail}")
 
     def stop(self) -> None:
         """SIGTERM (serve stops the router, then its engines); SIGKILL whatever is
@@ -182,14 +189,18 @@ def run(args: argparse.Namespace) -> int:
                 next_ps = time.monotonic() + args.ps_every
             time.sleep(0.2)
         finished = time.monotonic()
-        reports = [report for example in examples for report in example.read_reports()]
-        print(f"\ndemo: {len(reports)} programs finished in {finished - ready:.0f} s\n")
-        print(format_reports(reports))
+        programs = sum(len(example.read_reports()) for example in examples)
+        print(f"\ndemo: {programs} programs finished in {finished - ready:.0f} s")
+        for example in examples:
+            print(f"\n{example.name}:\n{format_reports(example.read_reports())}")
         failed = [example for example in examples if example.process.returncode != 0]
         for example in failed:
             print(f"\ndemo: {example.name} exited with code {example.process.returncode}:")
             print(example.log.read_text(errors="replace")[-3000:])
         return 1 if failed else 0
+    except ServeError as error:
+        print(f"demo: error: {error}", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         print("\ndemo: interrupted; stopping everything", flush=True)
         return 130
@@ -210,10 +221,10 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--engines", type=positive_int, default=1, help="vLLM engines to start")
     parser.add_argument("--react-agents", type=positive_int, default=8)
-    parser.add_argument("--max-steps", type=positive_int, default=4, help="per ReAct agent")
+    parser.add_argument("--max-steps", type=positive_int, default=3, help="per ReAct agent")
     parser.add_argument("--mcts-programs", type=positive_int, default=2)
     parser.add_argument("--width", type=positive_int, default=3, help="MCTS children per step")
-    parser.add_argument("--iterations", type=positive_int, default=6, help="MCTS expansions")
+    parser.add_argument("--iterations", type=positive_int, default=4, help="MCTS expansions")
     parser.add_argument("--ps-every", type=float, default=10.0, help="seconds between ps")
     return parser
 

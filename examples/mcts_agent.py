@@ -242,7 +242,7 @@ async def mcts_agent(
     report.program_id = autellix.current_program()
     root = Node(State.start(numbers))
     seen = {root.state.key()}
-    threads = discarded = path_calls = 0
+    threads = dropped = path_calls = 0
     path_seconds = 0.0
     solution: str | None = None
     for iteration in range(settings.iterations):
@@ -260,7 +260,7 @@ async def mcts_agent(
         path_seconds += max(branch.seconds for branch in branches)
         for branch in branches:
             if branch.state is None or branch.state.key() in seen:
-                discarded += 1
+                dropped += 1
                 continue
             seen.add(branch.state.key())
             child = Node(branch.state, leaf, branch.move, exhausted=branch.state.finished)
@@ -276,7 +276,7 @@ async def mcts_agent(
     report.answer = f"{puzzle}: {solution} = {TARGET}" if solution else f"{puzzle}: not solved"
     report.columns = {
         "TREE": str(root.size()),
-        "DISCARDED": str(discarded),
+        "DROPPED": str(dropped),
         "CRIT PATH": f"{path_calls} calls/{path_seconds:.1f}s",
     }
     report.server = await endpoint.program_row()  # before the program ends and leaves the table
