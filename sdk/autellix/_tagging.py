@@ -28,24 +28,21 @@ VLLM_XARGS_KEY = "vllm_xargs"
 def identity_headers(identity: ThreadIdentity, call_id: str) -> dict[str, str]:
     """The headers that carry `identity` and the call id.
 
-    A main thread has no parent, so its calls carry no parent header at all:
-    the server rejects an empty id (server_ext/autellix_vllm/identity.py).
+    A main thread has no parent: its calls carry an empty parent header.
     """
-    headers = {
+    return {
         PROGRAM_ID_HEADER: identity.program_id,
         THREAD_ID_HEADER: identity.thread_id,
+        PARENT_THREAD_ID_HEADER: identity.parent_thread_id or "",
         CALL_ID_HEADER: call_id,
         SESSION_ID_HEADER: identity.program_id,
     }
-    if identity.parent_thread_id is not None:
-        headers[PARENT_THREAD_ID_HEADER] = identity.parent_thread_id
-    return headers
 
 
 def identity_vllm_xargs(identity: ThreadIdentity, call_id: str) -> dict[str, str]:
     """The flat `vllm_xargs` keys that carry `identity` and the call id in the body.
 
-    As with the headers, a main thread's calls carry no parent key.
+    A main thread's calls carry no parent key (vLLM's flat values cannot be null).
     """
     xargs = {
         "autellix_program_id": identity.program_id,

@@ -17,7 +17,8 @@ header                          ``vllm_xargs`` key             value
 ``X-Autellix-Prior-Service``    ``autellix_prior_service``     float >= 0
 =============================== ============================== ===========
 
-An id is 1 to 128 characters with no control characters. Headers take
+An id is 1 to 128 characters with no control characters; only the parent
+thread header may be empty, which means the main thread (no parent). Headers take
 precedence over keys already in the body: the headers are what the SDK and the
 router set on every call, while a body key may be stale user data copied from
 an earlier request. Body keys without a matching header are kept as they are.
@@ -113,8 +114,12 @@ def xargs_from_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str | fl
     xargs: dict[str, str | float] = {}
     for name, value in headers:
         key = HEADER_TO_KEY.get(name.lower())
-        if key is not None:
-            xargs[key] = _validate(key, value.strip(), _header_name(key))
+        if key is None:
+            continue
+        value = value.strip()
+        if key == PARENT_THREAD_ID and not value:
+            continue  # a main thread's calls send an empty parent: no parent
+        xargs[key] = _validate(key, value, _header_name(key))
     return xargs
 
 

@@ -35,6 +35,11 @@ def test_headers_map_to_flat_keys_case_insensitively():
     }
 
 
+def test_empty_parent_header_means_the_main_thread():
+    headers = [("X-Autellix-Thread-Id", "main"), ("X-Autellix-Parent-Thread-Id", "")]
+    assert xargs_from_headers(headers) == {"autellix_thread_id": "main"}
+
+
 def test_no_identity_headers_gives_nothing():
     assert xargs_from_headers([("Authorization", "Bearer x")]) == {}
 

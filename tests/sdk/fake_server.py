@@ -51,7 +51,8 @@ class Received:
 
     @property
     def parent_thread_id(self) -> str | None:
-        return self.header("X-Autellix-Parent-Thread-Id")
+        """None for a main thread, whose calls send the header empty."""
+        return self.header("X-Autellix-Parent-Thread-Id") or None
 
     @property
     def call_id(self) -> str | None:

@@ -38,7 +38,8 @@ def assert_main_thread_identity(call: Received, program_id: str, thread_id: str)
     assert call.program_id == program_id
     assert call.header("X-Session-ID") == program_id
     assert call.thread_id == thread_id
-    assert call.parent_thread_id is None  # a main thread has no parent
+    assert call.parent_thread_id is None  # a main thread has no parent:
+    assert call.header("X-Autellix-Parent-Thread-Id") == ""  # the header is sent empty
     assert call.call_id
     assert call.vllm_xargs == {
         "autellix_program_id": program_id,
