@@ -5,9 +5,9 @@
 Starts one real engine (stock FCFS scheduling, the tiny random-weight model),
 then measures:
 
-* the decode step time at batch sizes 1, 2, 4 and 8 (median gap between
-  streamed tokens of b concurrent requests), fitted as ``step_base +
-  per_decode * b``;
+* the decode step time at batch sizes 1, 2, 4 and 8 (the time per token of b
+  concurrent streamed requests, median of three rounds), fitted as
+  ``step_base + per_decode * b``;
 * the prefill cost per prompt token (time to the first token of a long prompt,
   minus one base step, over the prompt length).
 
@@ -25,7 +25,6 @@ import sys
 import time
 
 import openai
-
 from autellix_vllm.launcher import EngineConfig, EngineProcess
 
 BATCHES = (1, 2, 4, 8)
@@ -33,23 +32,30 @@ DECODE_TOKENS = 96
 PROMPT_TOKENS = 900  # the tiny model's tokenizer has one token per character
 
 
-async def token_gaps(client: openai.AsyncOpenAI, model: str) -> list[float]:
+async def decode_step(client: openai.AsyncOpenAI, model: str) -> float:
+    """Mean time per decoded token of one streamed request, after its first tokens.
+    (Chunks arrive in bursts, so single gaps say nothing; the span does.)"""
     stream = await client.completions.create(
         model=model, prompt="hello", max_tokens=DECODE_TOKENS, stream=True,
         extra_body={"ignore_eos": True},
     )
-    stamps = []
-    async for _ in stream:
-        stamps.append(time.perf_counter())
-    return [b - a for a, b in zip(stamps[5:], stamps[6:], strict=False)]
+    first, tokens = None, 0
+    async for chunk in stream:
+        if first is None:
+            first = time.perf_counter()
+        else:  # one character is one token with the tiny model's tokenizer
+            tokens += len(chunk.choices[0].text) if chunk.choices else 0
+    return (time.perf_counter() - first) / max(tokens, 1)
 
 
 async def measure(base_url: str, model: str) -> dict[str, float]:
     client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="-", max_retries=0)
     steps = {}
     for batch in BATCHES:
-        gaps = await asyncio.gather(*(token_gaps(client, model) for _ in range(batch)))
-        steps[batch] = statistics.median(g for per_request in gaps for g in per_request)
+        runs = []
+        for _ in range(3):
+            runs += await asyncio.gather(*(decode_step(client, model) for _ in range(batch)))
+        steps[batch] = statistics.median(runs)
     n = len(BATCHES)
     mean_b = sum(BATCHES) / n
     mean_t = sum(steps.values()) / n

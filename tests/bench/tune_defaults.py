@@ -5,7 +5,8 @@
 For each workload the rate is fixed just past vllm-opt's SLO-bound max rate
 (where the policies differ most) and every candidate runs the same trace:
 
-* levels: K in {4, 6, 8} x first boundary {64, 128, 256} x growth {2, 4};
+* levels: K in {4, 6, 8} x growth {2, 4} from a first boundary of 128, and
+  first boundaries 64 and 256 at K = 6, growth 4;
 * beta (anti-starvation) in {2, 4, 8, 16, 32, off};
 * the weight of a prefilled token in the service unit, {0, 1/16, 1/4, 1};
 * ATLAS variant (program scalar vs per-thread critical path) on lats.
@@ -24,8 +25,8 @@ from autellix_vllm.policy import Levels, PolicyConfig, ServiceMeter
 from autellix_vllm.sim import generate, simulate
 
 # Rates just past vllm-opt's max rate on a100-llama8b (docs/benchmarks.md).
-RATES = {"sharegpt": 2.6, "bfcl": 10.0, "lats": 0.3, "mixed": 1.0}
-DURATION = {"sharegpt": 300.0, "bfcl": 120.0, "lats": 300.0, "mixed": 300.0}
+RATES = {"sharegpt": 2.6, "bfcl": 10.0, "lats": 1.6, "mixed": 2.0}
+DURATION = {"sharegpt": 300.0, "bfcl": 120.0, "lats": 200.0, "mixed": 150.0}
 
 
 def run(workload: str, config: PolicyConfig, policy: str = "autellix") -> dict:
@@ -54,7 +55,9 @@ def main() -> int:
     jobs: list[tuple[str, str, PolicyConfig, str]] = []
     for wl in workloads:
         jobs.append((f"{wl}: levels", "vllm-opt (baseline)", PolicyConfig(), "vllm-opt"))
-        for k, first, growth in itertools.product((4, 6, 8), (64, 128, 256), (2, 4)):
+        grid = [(k, 128, g) for k, g in itertools.product((4, 6, 8), (2, 4))]
+        grid += [(6, 64, 4), (6, 256, 4)]
+        for k, first, growth in grid:
             levels = Levels.geometric(k, first, growth)
             jobs.append((f"{wl}: levels", f"K={k} first={first} x{growth}",
                          PolicyConfig(levels=levels), "autellix"))
