@@ -37,11 +37,13 @@ async def run_script(script: str, router: Serve, reports: Path, *options: str) -
     )  # fmt: skip
     try:
         output, _ = await asyncio.wait_for(process.communicate(), timeout=600)
-    except TimeoutError:
-        process.kill()
-        raise
+    finally:
+        if process.returncode is None:  # timed out, or the other script failed first
+            process.kill()
+            await process.wait()
     text = output.decode(errors="replace")
-    assert process.returncode == 0, text
+    details = reports.read_text() if reports.is_file() else ""
+    assert process.returncode == 0, text + details
     return text
 
 
