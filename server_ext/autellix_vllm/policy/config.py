@@ -113,7 +113,7 @@ class PolicyConfig:
     # (program wait + call wait) / (program service + call service) >= beta.
     # Waiting is counted in the same unit as service (engine steps for the token
     # unit, since one step decodes one token per call; seconds for the time unit).
-    beta: float = 16.0
+    beta: float = 8.0
     # Guard for the ratio's denominator: a program with no service yet.
     min_service: float = 1.0
     atlas_variant: AtlasVariant = "thread"
