@@ -267,8 +267,9 @@ async def mcts_agent(
             leaf.children.append(child)
             backpropagate(child, branch.value)
             solution = solution or branch.solution
-        log.info("%s iteration %d: expanded [%s], %d children", report.label, iteration + 1,
-                 leaf.state.describe(), len(leaf.children))  # fmt: skip
+        moves = ", ".join(child.move for child in leaf.children) or "none kept"
+        log.info("%s iteration %d: [%s] -> %s", report.label, iteration + 1,
+                 leaf.state.describe(), moves)  # fmt: skip
         if solution is not None:
             break
     puzzle = " ".join(map(str, numbers))

@@ -69,6 +69,7 @@ STEP_MAX_TOKENS = 192
 FINAL_MAX_TOKENS = 96
 TEMPERATURE = 0.3
 OBSERVATION_CHARS = 400
+MIN_OBSERVATION_CHARS = 40  # a step whose observation gets less room is left out
 # Characters the chat template adds per message ("user: ...\n") and per prompt.
 TEMPLATE_CHARS = 16
 
@@ -140,12 +141,11 @@ def build_messages(
     history: list[dict[str, str]] = []
     for step in reversed(steps):
         said = json.dumps({"thought": step.thought, "action": step.action, "input": step.argument})
-        observation = "Observation: " + shorten(step.observation, OBSERVATION_CHARS)
         room -= len(said) + 2 * TEMPLATE_CHARS
-        if room < len(observation):
-            observation = shorten(observation, room)
-        if room < 40:  # not even a useful piece of the observation fits
+        if room < MIN_OBSERVATION_CHARS:
             break
+        observation = "Observation: " + shorten(step.observation, OBSERVATION_CHARS)
+        observation = shorten(observation, room)
         room -= len(observation)
         history[:0] = [
             {"role": "assistant", "content": said},
@@ -159,18 +159,18 @@ class Settings:
     max_steps: int
     retries: int
 
-    def prompt_budget(self, endpoint: Endpoint, max_tokens: int) -> int:
-        """Prompt characters that leave room for the reply in the model's context
-        (a token is at least one character, so this never overflows it)."""
-        return endpoint.context_tokens - max_tokens - TEMPLATE_CHARS
+
+def prompt_budget(endpoint: Endpoint, max_tokens: int) -> int:
+    """Prompt characters that leave room for a reply of ``max_tokens`` in the model's
+    context (a token is at least one character, so this never overflows it)."""
+    return endpoint.context_tokens - max_tokens - TEMPLATE_CHARS
 
 
 async def next_step(
     question: str, steps: list[Step], endpoint: Endpoint, report: ProgramReport, settings: Settings
 ) -> Step | None:
     """The model's next step; None when ``1 + retries`` replies were all unusable."""
-    budget = settings.prompt_budget(endpoint, STEP_MAX_TOKENS)
-    messages = build_messages(question, steps, budget)
+    messages = build_messages(question, steps, prompt_budget(endpoint, STEP_MAX_TOKENS))
     for _ in range(1 + settings.retries):
         reply = await ask_json(
             endpoint, report, messages, STEP_SCHEMA,
@@ -179,15 +179,17 @@ async def next_step(
         step = parse_step(reply.data)
         if step is not None:
             return step
+        log.info("%s: unusable reply (%s): %s", report.label, reply.finish_reason,
+                 shorten(reply.text, 60))  # fmt: skip
     return None
 
 
 async def final_answer(
-    question: str, steps: list[Step], endpoint: Endpoint, report: ProgramReport, settings: Settings
+    question: str, steps: list[Step], endpoint: Endpoint, report: ProgramReport
 ) -> str:
-    budget = settings.prompt_budget(endpoint, FINAL_MAX_TOKENS)
+    """One last call for the answer, after the steps ran out or the replies were unusable."""
     closing = "Reply with your final answer now."
-    messages = build_messages(question, steps, budget, closing)
+    messages = build_messages(question, steps, prompt_budget(endpoint, FINAL_MAX_TOKENS), closing)
     reply = await ask_json(
         endpoint, report, messages, FINAL_SCHEMA,
         schema_name="final_answer", max_tokens=FINAL_MAX_TOKENS, temperature=TEMPERATURE,
@@ -221,7 +223,7 @@ async def react_agent(
                  step.argument, shorten(step.observation, 60))  # fmt: skip
         steps.append(step)
     if answer is None:
-        answer = await final_answer(question.question, steps, endpoint, report, settings)
+        answer = await final_answer(question.question, steps, endpoint, report)
     report.answer = answer
     report.columns = {
         "STEPS": str(len(steps)),
