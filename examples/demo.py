@@ -131,9 +131,10 @@ class Example:
         return cls(name, process, reports, log)
 
     def stop(self) -> None:
-        """SIGINT first: the example ends its open programs on the server."""
+        """SIGTERM first: the example ends its open programs on the server. (Not
+        SIGINT, which a shell may have set to be ignored in background jobs.)"""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
