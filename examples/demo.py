@@ -2,16 +2,18 @@
 
     python examples/demo.py                                    # 8 ReAct + 2 MCTS, 1 engine
     python examples/demo.py --engines 2 --react-agents 16 --mcts-programs 4
+    python examples/demo.py --upstream http://127.0.0.1:8001   # a running engine, router only
 
 1. starts ``autellix serve`` on the embedded tiny model (free loopback port,
    engine logs in a temporary folder) and waits until it is ready;
 2. runs ``react_agent.py`` and ``mcts_agent.py`` against it at the same time,
    printing ``autellix ps`` every few seconds while they run;
-3. prints one table of all their programs;
+3. prints a table of the programs of each;
 4. stops every process it started: the agents, the router and the engines,
    also on Ctrl-C, SIGTERM or an error.
 
-Exit code 0 when every program finished.
+Exit code 0 when every program finished (the temporary folder is then
+removed; otherwise its logs are kept and named), 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,52 +162,37 @@ def show_ps(url: str) -> None:
     print(f"--- autellix ps ({stamp})\n{(ps.stdout or ps.stderr).rstrip()}", flush=True)
 
 
+def start_serve(args: argparse.Namespace, folder: Path) -> Serve:
+    """``autellix serve`` with its own engines, or (``--upstream``) over a running one."""
+    if args.upstream:
+        print(f"demo: starting the router over {args.upstream}", flush=True)
+        return Serve.start("--upstream", args.upstream, "--chars-per-token", "1")
+    engines = args.engines or 1
+    print(f"demo: starting autellix serve ({engines} engine(s), embedded tiny model;"
+          f" engine logs in {folder})", flush=True)  # fmt: skip
+    return Serve.start(
+        "--engines", str(engines), "--log-dir", str(folder), "--chars-per-token", "1",
+        "--", *COMPACT_JSON,
+    )  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
+    """Start serve, run the load, and always stop everything; the exit code."""
     started = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="autellix-demo-"))
     serve: Serve | None = None
     examples: list[Example] = []
+    code = 1
     try:
-        print(f"demo: starting autellix serve ({args.engines} engine(s), embedded tiny model;"
-              f" engine logs in {folder})", flush=True)  # fmt: skip
-        serve = Serve.start(
-            "--engines", str(args.engines), "--log-dir", str(folder), "--chars-per-token", "1",
-            "--", *COMPACT_JSON,
-        )  # fmt: skip
+        serve = start_serve(args, folder)
         serve.wait_ready(echo=sys.stdout)
-        ready = time.monotonic()
-        print(f"demo: serve ready after {ready - started:.0f} s; running {args.react_agents}"
-              f" ReAct agents and {args.mcts_programs} MCTS programs", flush=True)  # fmt: skip
-        base_url = serve.url + "/v1"
-        examples = [
-            Example.start("react_agent.py", folder, base_url, "--agents", str(args.react_agents),
-                          "--max-steps", str(args.max_steps)),
-            Example.start("mcts_agent.py", folder, base_url, "--programs",
-                          str(args.mcts_programs), "--width", str(args.width),
-                          "--iterations", str(args.iterations)),
-        ]  # fmt: skip
-        next_ps = time.monotonic() + 1.0
-        while any(example.process.poll() is None for example in examples):
-            if time.monotonic() >= next_ps:
-                show_ps(serve.url)
-                next_ps = time.monotonic() + args.ps_every
-            time.sleep(0.2)
-        finished = time.monotonic()
-        programs = sum(len(example.read_reports()) for example in examples)
-        print(f"\ndemo: {programs} programs finished in {finished - ready:.0f} s")
-        for example in examples:
-            print(f"\n{example.name}:\n{format_reports(example.read_reports())}")
-        failed = [example for example in examples if example.process.returncode != 0]
-        for example in failed:
-            print(f"\ndemo: {example.name} exited with code {example.process.returncode}:")
-            print(example.log.read_text(errors="replace")[-3000:])
-        return 1 if failed else 0
+        print(f"demo: serve ready after {time.monotonic() - started:.0f} s", flush=True)
+        code = run_examples(args, serve, folder, examples)
     except ServeError as error:
         print(f"demo: error: {error}", file=sys.stderr, flush=True)
-        return 1
     except KeyboardInterrupt:
         print("\ndemo: interrupted; stopping everything", flush=True)
-        return 130
+        code = 130
     finally:
         # A second Ctrl-C or SIGTERM must not cut the cleanup short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -213,20 +201,62 @@ def run(args: argparse.Namespace) -> int:
             example.stop()
         if serve is not None:
             serve.stop()
+        if code == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            print(f"demo: logs kept in {folder}", flush=True)
         print(f"demo: all processes stopped; total {time.monotonic() - started:.0f} s", flush=True)
+    return code
+
+
+def run_examples(
+    args: argparse.Namespace, serve: Serve, folder: Path, examples: list[Example]
+) -> int:
+    """Run both examples at once (appended to ``examples`` as they start, so that the
+    caller can stop them), print ``autellix ps`` meanwhile, then their tables."""
+    print(f"demo: running {args.react_agents} ReAct agents and {args.mcts_programs} MCTS"
+          " programs", flush=True)  # fmt: skip
+    started = time.monotonic()
+    base_url = serve.url + "/v1"
+    examples.append(
+        Example.start("react_agent.py", folder, base_url, "--agents", str(args.react_agents),
+                      "--max-steps", str(args.max_steps))
+    )  # fmt: skip
+    examples.append(
+        Example.start("mcts_agent.py", folder, base_url, "--programs", str(args.mcts_programs),
+                      "--width", str(args.width), "--iterations", str(args.iterations))
+    )  # fmt: skip
+    next_ps = time.monotonic() + 1.0
+    while any(example.process.poll() is None for example in examples):
+        if time.monotonic() >= next_ps:
+            show_ps(serve.url)
+            next_ps = time.monotonic() + args.ps_every
+        time.sleep(0.2)
+    programs = sum(len(example.read_reports()) for example in examples)
+    print(f"\ndemo: {programs} programs finished in {time.monotonic() - started:.0f} s")
+    for example in examples:
+        print(f"\n{example.name}:\n{format_reports(example.read_reports())}")
+    failed = [example for example in examples if example.process.returncode != 0]
+    for example in failed:
+        print(f"\ndemo: {example.name} exited with code {example.process.returncode}:")
+        print(example.log.read_text(errors="replace")[-3000:])
+    return 1 if failed else 0
 
 
 def parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--engines", type=positive_int, default=1, help="vLLM engines to start")
+    parser.add_argument("--engines", type=positive_int, help="vLLM engines to start (default 1)")
     parser.add_argument("--react-agents", type=positive_int, default=8)
     parser.add_argument("--max-steps", type=positive_int, default=3, help="per ReAct agent")
     parser.add_argument("--mcts-programs", type=positive_int, default=2)
     parser.add_argument("--width", type=positive_int, default=3, help="MCTS children per step")
     parser.add_argument("--iterations", type=positive_int, default=4, help="MCTS expansions")
     parser.add_argument("--ps-every", type=float, default=10.0, help="seconds between ps")
+    parser.add_argument(
+        "--upstream", metavar="URL", help="route over this running engine instead of starting one"
+    )
     return parser
 
 
@@ -234,6 +264,8 @@ def main() -> int:
     args = parser().parse_args()
     if args.ps_every <= 0:
         parser().error("--ps-every must be positive")
+    if args.upstream and args.engines is not None:
+        parser().error("--upstream uses a running engine: drop --engines")
     # SIGTERM (e.g. from a supervisor) cleans up exactly like Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     return run(args)

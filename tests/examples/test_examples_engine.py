@@ -1,12 +1,20 @@
 """The examples against the real thing: the router (``autellix serve --upstream``)
 in front of the session's shared CPU engine (tests/conftest.py), both example
-scripts run as users run them, at the same time, with small counts."""
+scripts run as users run them, at the same time, with small counts; then the
+demo driver over the same engine, to the end and interrupted."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import re
+import signal
+import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -81,3 +89,74 @@ async def test_react_and_mcts_programs_run_together_on_the_router(router, tmp_pa
     # Every program was ended: none is left in the router's table.
     ids = {report["program_id"] for report in [*react, mcts]}
     assert not ids & {row["program_id"] for row in table(router)["programs"]}
+
+
+def start_demo(engine, *options: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "demo.py"), "--upstream", engine.base_url,
+         "--react-agents", "2", "--mcts-programs", "1", "--max-steps", "1", "--width", "2",
+         "--iterations", "1", *options],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def refuses_connections(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url + "/health", timeout=5)
+    except urllib.error.URLError as error:
+        return isinstance(error.reason, ConnectionRefusedError)
+    return False
+
+
+def router_url_in(output: str) -> str:
+    found = re.search(r"router ready at (\S+);", output)
+    assert found is not None, output
+    return found[1]
+
+
+def test_the_demo_runs_both_examples_and_stops_its_router(engine):
+    demo = start_demo(engine, "--ps-every", "1")
+    try:
+        output, _ = demo.communicate(timeout=600)
+    finally:
+        demo.kill()
+    assert demo.returncode == 0, output
+    assert "--- autellix ps" in output and "PROGRAM" in output
+    assert "demo: 3 programs finished" in output
+    assert "react_agent:" in output and "react-2" in output
+    assert "mcts_agent:" in output and "mcts-1" in output
+    assert output.rstrip().splitlines()[-1].startswith("demo: all processes stopped")
+    assert refuses_connections(router_url_in(output))
+
+
+def test_ctrl_c_stops_the_demo_and_everything_it_started(engine):
+    demo = start_demo(engine)
+    lines: list[str] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("demo: running"):
+                break
+        time.sleep(3)  # the examples are starting their programs
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=120)
+    finally:
+        demo.kill()
+    output = "".join(lines) + rest
+    assert demo.returncode == 130, output
+    assert "demo: interrupted; stopping everything" in output
+    assert output.rstrip().splitlines()[-1].startswith("demo: all processes stopped")
+    assert refuses_connections(router_url_in(output))
+    kept = re.search(r"logs kept in (\S+)", output)
+    assert kept is not None, output
+    assert not processes_mentioning(kept[1])  # no example script is left running
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+            if text.encode() in cmdline.read():
+                found.append(int(entry))
+    return found
