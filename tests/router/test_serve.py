@@ -198,6 +198,22 @@ def test_ps_and_top_print_the_table(served):
     assert top.returncode == 0 and top.stdout.count("autellix top") == 2
 
 
+def test_the_router_benchmark_runs_over_the_served_engines(served):
+    """A small ``autellix bench router`` over this module's engines (the real run
+    starts its own; docs/benchmarks-router.md)."""
+    upstreams = [f"--upstream={served.engine_urls[i]}" for i in (0, 1)]
+    bench = subprocess.run(
+        [*SERVE, "bench", "router", *upstreams, "--programs", "3", "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    result = json.loads(bench.stdout)
+    assert result["avg_ratio"] > 0 and result["settings"]["side_by_side"] is False
+    for policy in ("round-robin", "locality"):
+        assert result[policy]["programs"] == 3
+        assert sum(result[policy]["calls_by_reason"].values()) == result[policy]["calls"]
+
+
 async def test_killing_an_engine_mid_run_loses_no_program(served):
     async with client_for(served) as client:
         runs = [

@@ -1,9 +1,11 @@
 """Locality-aware routing vs round-robin on real engines: ``autellix bench router``.
 
-One run starts the engines once (the embedded tiny model, Autellix scheduler)
-and replays the same seeded workload through the router twice, once with
-``round-robin`` and once with ``locality`` (paper Algorithm 2), each time with
-a fresh ``autellix serve --upstream`` router in front of the same engines.
+One run replays the same seeded workload through the router twice, once with
+``round-robin`` and once with ``locality`` (paper Algorithm 2), each through an
+``autellix serve --upstream`` router in front of two real engines (the embedded
+tiny model, Autellix scheduler). By default the two policies run side by side,
+each on its own pair of engines, so that whatever else loads the machine loads
+both alike (``--sequential``: one after the other on the same pair).
 
 The workload is the engine benchmark's (:mod:`autellix_vllm.bench.engine`):
 multi-call programs whose calls carry the program's growing transcript, so a
@@ -21,11 +23,13 @@ locality is faster).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 import urllib.request
-from dataclasses import replace
+from collections.abc import Coroutine, Iterator
+from dataclasses import asdict, replace
 from typing import Any
 
 from autellix_vllm.bench.engine import (
@@ -38,7 +42,7 @@ from autellix_vllm.bench.engine import (
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
 from autellix_vllm.launcher import EngineProcess
 from autellix_vllm.serve_cli import stop_all
-from autellix_vllm.tiny_model import SERVED_MODEL_NAME
+from autellix_vllm.sim.trace import ProgramSpec
 
 POLICIES = ("round-robin", "locality")
 _PREFIX_CACHE = re.compile(r"^vllm:prefix_cache_(queries|hits)_total(?:\{[^}]*\})? (\S+)$", re.M)
@@ -47,7 +51,10 @@ _PREFIX_CACHE = re.compile(r"^vllm:prefix_cache_(queries|hits)_total(?:\{[^}]*\}
 def router_bench_settings(**overrides: Any) -> BenchSettings:
     """The engine benchmark's settings, with longer prompts: the sharegpt
     transcripts grow to several hundred tokens, past the lowered threshold."""
-    defaults: dict[str, Any] = {"programs": 32, "token_scale": 0.5, "max_decode": 32}
+    defaults: dict[str, Any] = {
+        "programs": 32, "workload": "sharegpt", "rate": 4.0, "token_scale": 0.5,
+        "max_decode": 32, "max_num_seqs": 4,
+    }  # fmt: skip
     return BenchSettings(**{**defaults, **overrides})
 
 
@@ -57,31 +64,49 @@ def run_router_bench(
     engines: int = 2,
     upstreams: list[str] | None = None,
     vllm_args: list[str] | None = None,
+    side_by_side: bool = True,
+    chars_per_token: float = 1.0,
 ) -> dict[str, Any]:
+    """Both policies on the same workload; ``avg_ratio`` > 1 means locality is faster.
+
+    Side by side (the default), each policy gets its own ``engines`` engines and
+    both replays run at the same time, so whatever else loads the machine loads
+    both alike; otherwise the policies take turns on the same engines. Given
+    ``upstreams``, the policies take turns on those.
+    """
     programs = build_workload(settings)
+    side_by_side = side_by_side and upstreams is None
     started: list[EngineProcess] = []
     try:
         if upstreams is None:
-            started = _start_engines(settings, engines, vllm_args or [])
+            groups = len(POLICIES) if side_by_side else 1
+            started = _start_engines(settings, engines * groups, vllm_args or [])
             upstreams = [engine.base_url for engine in started]
-        results = {
-            policy: _run_policy(policy, programs, upstreams, settings, threshold)
-            for policy in POLICIES
-        }
+        if side_by_side:
+            pools = {p: upstreams[i * engines : (i + 1) * engines] for i, p in enumerate(POLICIES)}
+            with contextlib.ExitStack() as stack:
+                routers = {
+                    p: stack.enter_context(_router(p, pools[p], threshold, chars_per_token))
+                    for p in POLICIES
+                }
+                runs = [_measure(p, routers[p], pools[p], programs, settings) for p in POLICIES]
+                results = dict(zip(POLICIES, asyncio.run(_gather(*runs)), strict=True))
+        else:
+            results = {}
+            for policy in POLICIES:
+                with _router(policy, upstreams, threshold, chars_per_token) as router_url:
+                    run = _measure(policy, router_url, upstreams, programs, settings)
+                    results[policy] = asyncio.run(run)
     finally:
         stop_all(started)
     rr, loc = results["round-robin"], results["locality"]
     return {
         "settings": {
-            "programs": settings.programs,
-            "workload": settings.workload,
-            "seed": settings.seed,
-            "rate": settings.rate,
-            "token_scale": settings.token_scale,
-            "max_num_seqs": settings.max_num_seqs,
-            "max_model_len": settings.max_model_len,
-            "engines": len(upstreams),
+            **asdict(settings),
+            "engines_per_policy": engines if side_by_side else len(upstreams),
+            "side_by_side": side_by_side,
             "locality_threshold": threshold,
+            "chars_per_token": chars_per_token,
             "vllm_args": vllm_args or [],
         },
         **results,
@@ -106,31 +131,44 @@ def _start_engines(
     return engines
 
 
-def _run_policy(
+@contextlib.contextmanager
+def _router(
+    policy: str, upstreams: list[str], threshold: int, chars_per_token: float
+) -> Iterator[str]:
+    """``autellix serve --upstream ...`` with ``policy``; yields its root URL."""
+    options = ["--lb", policy, "--locality-threshold", str(threshold),
+               "--chars-per-token", str(chars_per_token)]  # fmt: skip
+    with running(router_command(upstreams, *options), ROUTER_READY) as router:
+        yield router.ready
+
+
+async def _measure(
     policy: str,
-    programs: list[Any],
+    router_url: str,
     upstreams: list[str],
+    programs: list[ProgramSpec],
     settings: BenchSettings,
-    threshold: int,
 ) -> dict[str, Any]:
     # Fresh ids, hence fresh transcripts: nothing cached by the other policy's run helps.
     renamed = [replace(p, program_id=f"{policy}/{p.program_id}") for p in programs]
-    options = ["--lb", policy, "--locality-threshold", str(threshold), "--chars-per-token", "1"]
-    with running(router_command(upstreams, *options), ROUTER_READY) as router:
-        router_url = router.ready
-        cache_before = _prefix_cache(upstreams)
-        began = time.monotonic()
-        results = asyncio.run(replay(router_url, SERVED_MODEL_NAME, renamed, settings))
-        summary = summarize(results, time.monotonic() - began)
-        cache_after = _prefix_cache(upstreams)
-        table = _get_json(router_url + "/autellix/v1/programs")
-        metrics = _get_text(router_url + "/metrics")
+    cache_before = await asyncio.to_thread(_prefix_cache, upstreams)
+    began = time.monotonic()
+    model = (await asyncio.to_thread(_get_json, upstreams[0] + "/v1/models"))["data"][0]["id"]
+    results = await replay(router_url, model, renamed, settings)
+    summary = summarize(results, time.monotonic() - began)
+    cache_after = await asyncio.to_thread(_prefix_cache, upstreams)
+    table = await asyncio.to_thread(_get_json, router_url + "/autellix/v1/programs")
+    metrics = await asyncio.to_thread(_get_text, router_url + "/metrics")
     queries = cache_after["queries"] - cache_before["queries"]
     hits = cache_after["hits"] - cache_before["hits"]
     summary["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries else None
     summary["calls_by_reason"] = _calls_by_reason(metrics)
     summary["programs_on_one_engine"] = sum(1 for p in table["programs"] if len(p["engines"]) == 1)
     return summary
+
+
+async def _gather(*runs: Coroutine[Any, Any, dict[str, Any]]) -> list[dict[str, Any]]:
+    return list(await asyncio.gather(*runs))
 
 
 def _prefix_cache(upstreams: list[str]) -> dict[str, float]:

@@ -29,8 +29,19 @@ def add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
     )
     router.add_argument("--token-scale", type=float, default=0.5, help="workload tokens x this")
     router.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch size")
-    router.add_argument("--engines", type=int, default=2)
+    router.add_argument("--engines", type=int, default=2, help="engines per policy")
+    router.add_argument(
+        "--sequential",
+        action="store_true",
+        help="one policy after the other on the same engines (default: side by side)",
+    )
     router.add_argument("--locality-threshold", type=int, default=256, help="prompt tokens")
+    router.add_argument(
+        "--chars-per-token",
+        type=float,
+        default=1.0,
+        help="the router's prompt-size estimate (1: the tiny model's tokenizer; ~4 for BPE)",
+    )
     router.add_argument(
         "--upstream", action="append", metavar="URL", help="use running engines (repeatable)"
     )
@@ -52,7 +63,7 @@ def add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
 def _run_router(args: argparse.Namespace) -> int:
     from autellix_vllm.bench.router import router_bench_settings, run_router_bench
 
-    for option in ("programs", "rate", "token_scale", "max_num_seqs", "engines"):
+    for option in ("programs", "rate", "token_scale", "max_num_seqs", "engines", "chars_per_token"):
         if getattr(args, option) <= 0:
             raise UsageError(f"--{option.replace('_', '-')} must be positive")
     if args.upstream and len(args.upstream) < 2:
@@ -77,6 +88,8 @@ def _run_router(args: argparse.Namespace) -> int:
         engines=args.engines,
         upstreams=args.upstream,
         vllm_args=args.vllm_args,
+        side_by_side=not args.sequential,
+        chars_per_token=args.chars_per_token,
     )
     _emit(result, args.json)
     return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -102,7 +103,7 @@ async def end_program(request: web.Request) -> web.Response:
 async def _end_on_engine(state: RouterState, url: str, program_id: str) -> None:
     """Best effort: an engine that is down or never kept the program is fine."""
     timeout = aiohttp.ClientTimeout(total=END_ON_ENGINE_TIMEOUT_S)
-    path = END_PROGRAM_PATH.format(program_id=program_id)
+    path = END_PROGRAM_PATH.format(program_id=quote(program_id, safe=""))
     try:
         async with state.session.delete(url + path, timeout=timeout) as answer:
             await answer.read()
