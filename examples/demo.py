@@ -44,6 +44,7 @@ COMPACT_JSON = [
     '{"backend": "xgrammar", "disable_any_whitespace": true}',
 ]
 STOP_GRACE_S = 60.0  # serve itself gives each engine 20 s before SIGKILL
+FIRST_PS_AFTER_S = 3.0  # by then every program has opened and made its first calls
 
 
 class ServeError(RuntimeError):
@@ -226,7 +227,7 @@ def run_examples(
         Example.start("mcts_agent.py", folder, base_url, "--programs", str(args.mcts_programs),
                       "--width", str(args.width), "--iterations", str(args.iterations))
     )  # fmt: skip
-    next_ps = time.monotonic() + 1.0
+    next_ps = time.monotonic() + FIRST_PS_AFTER_S
     while any(example.process.poll() is None for example in examples):
         if time.monotonic() >= next_ps:
             show_ps(serve.url)
