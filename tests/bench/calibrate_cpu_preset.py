@@ -5,9 +5,9 @@
 Starts one real engine (stock FCFS scheduling, the tiny random-weight model),
 then measures:
 
-* the decode step time at batch sizes 1, 2, 4 and 8 (the time per token of b
-  concurrent streamed requests, median of three rounds), fitted as
-  ``step_base + per_decode * b``;
+* the decode step time at batch sizes 1, 2, 4 and 8: b concurrent requests
+  decoding 144 tokens minus b decoding 16, over the 128 extra tokens (median of
+  three rounds each), fitted as ``step_base + per_decode * b``;
 * the prefill cost per prompt token (time to the first token of a long prompt,
   minus one base step, over the prompt length).
 
@@ -28,34 +28,36 @@ import openai
 from autellix_vllm.launcher import EngineConfig, EngineProcess
 
 BATCHES = (1, 2, 4, 8)
-DECODE_TOKENS = 96
+SHORT, LONG = 16, 144  # decode lengths whose difference isolates the decode steps
 PROMPT_TOKENS = 900  # the tiny model's tokenizer has one token per character
 
 
-async def decode_step(client: openai.AsyncOpenAI, model: str) -> float:
-    """Mean time per decoded token of one streamed request, after its first tokens.
-    (Chunks arrive in bursts, so single gaps say nothing; the span does.)"""
-    stream = await client.completions.create(
-        model=model, prompt="hello", max_tokens=DECODE_TOKENS, stream=True,
-        extra_body={"ignore_eos": True},
+async def batch_time(client: openai.AsyncOpenAI, model: str, batch: int, tokens: int) -> float:
+    """Wall time of ``batch`` concurrent requests that each decode ``tokens`` tokens."""
+    t0 = time.perf_counter()
+    await asyncio.gather(
+        *(
+            client.completions.create(
+                model=model, prompt=f"{i} hello", max_tokens=tokens,
+                extra_body={"ignore_eos": True},
+            )
+            for i in range(batch)
+        )
     )
-    first, tokens = None, 0
-    async for chunk in stream:
-        if first is None:
-            first = time.perf_counter()
-        else:  # one character is one token with the tiny model's tokenizer
-            tokens += len(chunk.choices[0].text) if chunk.choices else 0
-    return (time.perf_counter() - first) / max(tokens, 1)
+    return time.perf_counter() - t0
+
+
+async def decode_step(client: openai.AsyncOpenAI, model: str, batch: int) -> float:
+    """One decode step at ``batch`` sequences: the extra time of decoding LONG
+    instead of SHORT tokens, per extra token (prefill and HTTP costs cancel out)."""
+    short = statistics.median([await batch_time(client, model, batch, SHORT) for _ in range(3)])
+    long = statistics.median([await batch_time(client, model, batch, LONG) for _ in range(3)])
+    return (long - short) / (LONG - SHORT)
 
 
 async def measure(base_url: str, model: str) -> dict[str, float]:
     client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="-", max_retries=0)
-    steps = {}
-    for batch in BATCHES:
-        runs = []
-        for _ in range(3):
-            runs += await asyncio.gather(*(decode_step(client, model) for _ in range(batch)))
-        steps[batch] = statistics.median(runs)
+    steps = {batch: await decode_step(client, model, batch) for batch in BATCHES}
     n = len(BATCHES)
     mean_b = sum(BATCHES) / n
     mean_t = sum(steps.values()) / n

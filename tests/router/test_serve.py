@@ -200,7 +200,7 @@ def test_ps_and_top_print_the_table(served):
 
 def test_the_router_benchmark_runs_over_the_served_engines(served):
     """A small ``autellix bench router`` over this module's engines (the real run
-    starts its own; docs/benchmarks-router.md)."""
+    starts its own; docs/benchmarks.md)."""
     upstreams = [f"--upstream={served.engine_urls[i]}" for i in (0, 1)]
     bench = subprocess.run(
         [*SERVE, "bench", "router", *upstreams, "--programs", "3", "--json"],
