@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,7 @@ def test_ctrl_c_stops_the_demo_and_everything_it_started(engine):
     kept = re.search(r"logs kept in (\S+)", output)
     assert kept is not None, output
     assert not processes_mentioning(kept[1])  # no example script is left running
+    shutil.rmtree(kept[1])
 
 
 def processes_mentioning(text: str) -> list[int]:
