@@ -227,7 +227,7 @@ def run_examples(
         Example.start("mcts_agent.py", folder, base_url, "--programs", str(args.mcts_programs),
                       "--width", str(args.width), "--iterations", str(args.iterations))
     )  # fmt: skip
-    next_ps = time.monotonic() + FIRST_PS_AFTER_S
+    next_ps = time.monotonic() + min(FIRST_PS_AFTER_S, args.ps_every)
     while any(example.process.poll() is None for example in examples):
         if time.monotonic() >= next_ps:
             show_ps(serve.url)

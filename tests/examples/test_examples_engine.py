@@ -72,7 +72,7 @@ async def test_react_and_mcts_programs_run_together_on_the_router(router, tmp_pa
     assert len(react) == 2
     for report in [*react, mcts]:
         assert report["error"] is None
-        assert report["answer"]
+        assert isinstance(report["answer"], str)  # a random model may answer ""
         assert report["program_id"].startswith("prog-")  # issued by the router
         # The router's table saw every call of the program, in the program's threads.
         server = report["server"]
@@ -116,7 +116,7 @@ def router_url_in(output: str) -> str:
 
 
 def test_the_demo_runs_both_examples_and_stops_its_router(engine):
-    demo = start_demo(engine, "--ps-every", "1")
+    demo = start_demo(engine, "--ps-every", "0.5", "--max-steps", "3", "--iterations", "2")
     try:
         output, _ = demo.communicate(timeout=600)
     finally:
@@ -131,7 +131,9 @@ def test_the_demo_runs_both_examples_and_stops_its_router(engine):
 
 
 def test_ctrl_c_stops_the_demo_and_everything_it_started(engine):
-    demo = start_demo(engine)
+    # The demo's own default load, so it is still running when Ctrl-C comes.
+    demo = start_demo(engine, "--react-agents", "8", "--max-steps", "3", "--mcts-programs",
+                      "2", "--width", "3", "--iterations", "4")
     lines: list[str] = []
     try:
         assert demo.stdout is not None
@@ -139,7 +141,7 @@ def test_ctrl_c_stops_the_demo_and_everything_it_started(engine):
             lines.append(line)
             if line.startswith("demo: running"):
                 break
-        time.sleep(3)  # the examples are starting their programs
+        time.sleep(1)  # the examples are starting their programs
         demo.send_signal(signal.SIGINT)
         rest, _ = demo.communicate(timeout=120)
     finally:
