@@ -115,7 +115,10 @@ async def replay(
 ) -> list[ProgramResult]:
     """Run every program (its calls in dependency order) and time it."""
     timeout = aiohttp.ClientTimeout(total=settings.call_timeout_s)
-    connector = aiohttp.TCPConnector(limit=0)
+    # vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; a
+    # pooled connection idle for longer (a program's tool gap) may already be
+    # closed when reused, so keep idle connections for less than that.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         start = time.monotonic()
         return await asyncio.gather(
