@@ -45,7 +45,6 @@ class ProgramRun:
     remaining_work: float  # decode tokens still to produce (the SRPT oracle's view)
     end: float = 0.0
     done: set[str] = field(default_factory=set)
-    threads: int = 1
 
 
 @dataclass(eq=False, slots=True)
@@ -54,7 +53,6 @@ class Job:
 
     spec: CallSpec
     program: ProgramRun
-    ready_s: float
     call: Call | None = None
     prompt: int = 0  # at least one token, as in vLLM
     computed: int = 0  # tokens whose KV exists (prefix hit + prefilled + decoded)
@@ -63,7 +61,6 @@ class Job:
     own_blocks: int = 0
     wait_since: float = 0.0
     wait_s: float = 0.0
-    recomputed: int = 0
 
     def __post_init__(self) -> None:
         self.prompt = max(self.spec.prompt_tokens, 1)
@@ -366,7 +363,6 @@ class SimEngine:
 
     def _preempt(self, job: Job, now: float) -> None:
         self.running.remove(job)
-        job.recomputed += job.computed
         self.recomputed_tokens += job.computed
         self.kv.release(job)
         self.preemptions += 1

@@ -94,7 +94,7 @@ def simulate(
             key = (pid, dep.id)
             waiting_on[key] -= 1
             if waiting_on[key] == 0:
-                post(now + dep.tool_gap, _ARRIVE, Job(dep, run, now + dep.tool_gap))
+                post(now + dep.tool_gap, _ARRIVE, Job(dep, run))
         if run.calls_left == 0:
             run.end = now
             balancer.forget(pid)
@@ -125,7 +125,7 @@ def simulate(
                 )
         runs[p.program_id] = ProgramRun(
             p.program_id, p.arrival, p.kind, len(p.calls), p.decode_tokens,
-            float(p.decode_tokens), threads=p.threads,
+            float(p.decode_tokens),
         )
         for c in p.calls:
             waiting_on[(p.program_id, c.id)] = len(c.after)
@@ -133,7 +133,7 @@ def simulate(
                 dependents.setdefault((p.program_id, dep), []).append(c)
             if not c.after:
                 t = p.arrival + c.tool_gap
-                post(t, _ARRIVE, Job(c, runs[p.program_id], t))
+                post(t, _ARRIVE, Job(c, runs[p.program_id]))
 
     step_version: dict[str, int] = {e.name: 0 for e in sims}
 
