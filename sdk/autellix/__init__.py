@@ -7,8 +7,8 @@ Three-line migration::
     @program                                        # new
     async def agent(task: str) -> str: ...          # unchanged body
 
-Every LLM call made inside `agent` carries its program and thread identity
-(headers and `extra_body["vllm_xargs"]`). See docs/sdk.md.
+Every LLM call made inside `agent` carries its program and thread identity in
+HTTP headers. See docs/sdk.md.
 """
 
 from ._client import AsyncOpenAI, OpenAI

@@ -10,8 +10,8 @@ the same call id. openai's own retry loop is switched off for these requests
 (`max_retries=0` per request) so retries are never stacked.
 
 Cost: building a tenacity controller takes about 30 microseconds, more than the
-SDK's whole per-call budget, so the first attempt runs without one and tenacity
-only takes over after a transient failure.
+SDK's whole per-call budget, so the caller makes the first attempt itself and
+tenacity only takes over after a transient failure.
 """
 
 from __future__ import annotations
@@ -63,42 +63,27 @@ class RetryPolicy:
     backoff_seconds: float = 0.5
     max_backoff_seconds: float = 8.0
 
-    async def call_async(self, send: Callable[[], Awaitable[T]], *, attempts: int) -> T:
-        """Await `send()`, retrying transient failures up to `attempts` attempts in all."""
-        try:
-            return await send()
-        except Exception as error:
-            if attempts <= 1 or not is_transient(error):
-                raise
-            first_failure: Exception | None = error
+    async def retry_async(
+        self, send: Callable[[], Awaitable[T]], first_failure: Exception, *, attempts: int
+    ) -> T:
+        """Retry `send()` after its first attempt failed with the transient `first_failure`.
 
-        async def attempt() -> T:
-            # Tenacity counts the failure we already saw as its first attempt.
-            nonlocal first_failure
-            if first_failure is not None:
-                failure, first_failure = first_failure, None
-                raise failure
-            return await send()
+        `attempts` counts all attempts, the failed first one included.
+        """
+        replay = _replay_first_failure(first_failure, send)
+
+        async def attempt() -> T:  # tenacity awaits only coroutine functions
+            return await replay()
 
         return await AsyncRetrying(**self._tenacity_options(attempts))(attempt)
 
-    def call_blocking(self, send: Callable[[], T], *, attempts: int) -> T:
-        """Call `send()`, retrying transient failures; the blocking twin of `call_async`."""
-        try:
-            return send()
-        except Exception as error:
-            if attempts <= 1 or not is_transient(error):
-                raise
-            first_failure: Exception | None = error
-
-        def attempt() -> T:
-            nonlocal first_failure
-            if first_failure is not None:
-                failure, first_failure = first_failure, None
-                raise failure
-            return send()
-
-        return Retrying(**self._tenacity_options(attempts))(attempt)
+    def retry_blocking(
+        self, send: Callable[[], T], first_failure: Exception, *, attempts: int
+    ) -> T:
+        """The blocking twin of `retry_async`."""
+        return Retrying(**self._tenacity_options(attempts))(
+            _replay_first_failure(first_failure, send)
+        )
 
     def _tenacity_options(self, attempts: int) -> dict[str, Any]:
         backoff = wait_random_exponential(
@@ -126,6 +111,21 @@ class RetryPolicy:
         except ValueError:  # an HTTP date: not worth parsing for a capped wait
             return 0.0
         return min(max(seconds, 0.0), self.max_backoff_seconds)
+
+
+def _replay_first_failure(first_failure: Exception, send: Callable[[], T]) -> Callable[[], T]:
+    """`send`, except that the first call raises `first_failure` again.
+
+    Tenacity then counts the failure the caller already saw as its first attempt.
+    """
+    pending: list[Exception] = [first_failure]
+
+    def attempt() -> T:
+        if pending:
+            raise pending.pop()
+        return send()
+
+    return attempt
 
 
 def _log_retry(state: RetryCallState) -> None:

@@ -3,9 +3,9 @@
 Starts the SDK tests' aiohttp fake OpenAI server (tests/sdk/fake_server.py) on
 127.0.0.1 in a separate process, then times `chat.completions.create` through
 `openai.AsyncOpenAI` and through `autellix.AsyncOpenAI` inside a program, one
-call of each variant per round, the starting variant rotating, so that all see
-the same machine noise. Also times the SDK's own per-call work (tagging the
-request options) without any network.
+call of each variant per round in a freshly shuffled order, so that all see the
+same machine noise and each follows every other equally often. Also times the
+SDK's own per-call work (tagging the request options) without any network.
 
     python tests/bench/bench_sdk.py --json
 """
@@ -14,20 +14,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import platform
+import random
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import autellix
+import httpx2
 import openai
 
 FAKE_SERVER = Path(__file__).resolve().parents[1] / "sdk" / "fake_server.py"
+sys.path.insert(0, str(FAKE_SERVER.parent))
+from fake_server import chat_completion  # noqa: E402  (the fake server's own answer)
+
+MOCK_BASE_URL = "http://mock.invalid/v1"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
@@ -43,6 +50,23 @@ def start_server() -> tuple[subprocess.Popen[str], str]:
     return process, f"http://127.0.0.1:{announced[1]}/v1"
 
 
+def answer_in_process(request: httpx2.Request) -> httpx2.Response:
+    """The fake server's answers, for `--transport mock`."""
+    if request.url.path.startswith("/autellix/v1/programs"):
+        return httpx2.Response(200, json={"program_id": "prog-mock"})
+    return httpx2.Response(200, json=chat_completion(json.loads(request.content)))
+
+
+def make_client(kind: type[openai.AsyncOpenAI], base_url: str) -> openai.AsyncOpenAI:
+    """A client of `kind` for `base_url`; in-process answers for `MOCK_BASE_URL`."""
+    if base_url != MOCK_BASE_URL:
+        return kind(base_url=base_url, api_key="bench")
+    transport = httpx2.MockTransport(answer_in_process)
+    return kind(
+        base_url=base_url, api_key="bench", http_client=httpx2.AsyncClient(transport=transport)
+    )
+
+
 async def time_call(client: openai.AsyncOpenAI, **call_options: Any) -> tuple[float, float]:
     """Wall-clock and client-CPU seconds of one non-streaming chat completion.
 
@@ -54,57 +78,58 @@ async def time_call(client: openai.AsyncOpenAI, **call_options: Any) -> tuple[fl
     return time.perf_counter() - wall, time.thread_time() - cpu
 
 
-def identity_by_hand() -> dict[str, Any]:
-    """Per-call options that make a plain client send what the SDK sends (fixed ids)."""
-    program, thread, call = "bench-program", "main-" + "0" * 32, "1" * 32
+def identity_by_hand(call_ids: Iterator[int]) -> dict[str, Any]:
+    """Per-call options that make a plain client send the headers the SDK sends."""
+    program, thread = "bench-program", "main-" + "0" * 32
     return {
         "extra_headers": {
             autellix.PROGRAM_ID_HEADER: program,
             autellix.THREAD_ID_HEADER: thread,
-            autellix.CALL_ID_HEADER: call,
+            autellix.PARENT_THREAD_ID_HEADER: "",
+            autellix.CALL_ID_HEADER: f"{next(call_ids):032x}",
             autellix.SESSION_ID_HEADER: program,
-        },
-        "extra_body": {
-            "vllm_xargs": {
-                "autellix_program_id": program,
-                "autellix_thread_id": thread,
-                "autellix_call_id": call,
-            }
         },
     }
 
 
-async def time_side_by_side(base_url: str, calls: int, warmup: int) -> dict[str, list[Any]]:
-    """Rotate one call per variant, starting with a different variant each round.
+async def time_side_by_side(
+    base_url: str, calls: int, warmup: int, seed: int = 0
+) -> dict[str, list[Any]]:
+    """Make one call per variant in each round, in an order shuffled every round.
+
+    A fixed rotation would let each variant always follow the same other one,
+    and a call right after one through the same code path runs on warmer caches
+    (that alone moved a variant by 10 us).
 
     - plain: `openai.AsyncOpenAI`, the baseline;
     - plain_again: a second plain client, whose difference is the noise floor;
-    - plain_with_identity: a plain client sending the same headers and
-      `vllm_xargs` by hand, the cost of the identity bytes alone;
+    - plain_with_identity: a plain client sending the same five headers by
+      hand, the cost of the identity bytes alone;
     - autellix: `autellix.AsyncOpenAI` inside a program.
     """
-    plain = openai.AsyncOpenAI(base_url=base_url, api_key="bench")
-    plain_again = openai.AsyncOpenAI(base_url=base_url, api_key="bench")
-    plain_by_hand = openai.AsyncOpenAI(base_url=base_url, api_key="bench")
-    tagged = autellix.AsyncOpenAI(base_url=base_url, api_key="bench")
-    by_hand = identity_by_hand()
+    plain = make_client(openai.AsyncOpenAI, base_url)
+    plain_again = make_client(openai.AsyncOpenAI, base_url)
+    plain_by_hand = make_client(openai.AsyncOpenAI, base_url)
+    tagged = make_client(autellix.AsyncOpenAI, base_url)
+    call_ids = itertools.count()
     # One client (and connection) per variant, so that no variant ever follows
     # a call through its own, cache-warm client while another never does.
     variants: dict[str, Callable[[], Awaitable[tuple[float, float]]]] = {
         "plain": lambda: time_call(plain),
         "plain_again": lambda: time_call(plain_again),
-        "plain_with_identity": lambda: time_call(plain_by_hand, **by_hand),
+        "plain_with_identity": lambda: time_call(plain_by_hand, **identity_by_hand(call_ids)),
         "autellix": lambda: time_call(tagged),
     }
     samples: dict[str, list[Any]] = {label: [] for label in variants}
     order = list(variants.items())
+    shuffler = random.Random(seed)
     async with autellix.session("bench", client=tagged):
         for _ in range(warmup):
             for _, timed_call in order:
                 await timed_call()
-        for round_number in range(calls):
-            start = round_number % len(order)
-            for label, timed_call in order[start:] + order[:start]:
+        for _ in range(calls):
+            shuffler.shuffle(order)
+            for label, timed_call in order:
                 samples[label].append(await timed_call())
     for client in (plain, plain_again, plain_by_hand, tagged):
         await client.close()
@@ -142,11 +167,14 @@ def compare(baseline: list[float], other: list[float]) -> dict[str, float]:
     }
 
 
-def summarize(samples: dict[str, list[Any]], tagging_seconds: float) -> dict[str, Any]:
+def summarize(
+    samples: dict[str, list[Any]], tagging_seconds: float, transport: str
+) -> dict[str, Any]:
     """Each variant against the plain client, by wall clock and by client CPU."""
     wall = {label: [each[0] for each in timings] for label, timings in samples.items()}
     cpu = {label: [each[1] for each in timings] for label, timings in samples.items()}
     return {
+        "transport": transport,
         "calls_per_variant": len(samples["plain"]),
         **{
             f"{label}_vs_plain": {
@@ -167,15 +195,24 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per client")
     parser.add_argument("--warmup", type=int, default=200, help="untimed calls per client")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--transport",
+        choices=("server", "mock"),
+        default="server",
+        help="a local server in its own process (default) or in-process answers",
+    )
     args = parser.parse_args()
 
-    server, base_url = start_server()
-    try:
-        samples = asyncio.run(time_side_by_side(base_url, args.calls, args.warmup))
-    finally:
-        server.kill()
-        server.wait()
-    result = summarize(samples, time_tagging_alone(repeats=20_000))
+    if args.transport == "mock":
+        samples = asyncio.run(time_side_by_side(MOCK_BASE_URL, args.calls, args.warmup))
+    else:
+        server, base_url = start_server()
+        try:
+            samples = asyncio.run(time_side_by_side(base_url, args.calls, args.warmup))
+        finally:
+            server.kill()
+            server.wait()
+    result = summarize(samples, time_tagging_alone(repeats=20_000), args.transport)
 
     if args.json:
         print(json.dumps(result, indent=2))

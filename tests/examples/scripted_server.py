@@ -24,6 +24,8 @@ Reply = Callable[[dict[str, Any]], str | tuple[str, str]]
 class ScriptedServer:
     base_url: str
     requests: list[dict[str, Any]] = field(default_factory=list)
+    identities: list[dict[str, str]] = field(default_factory=list)
+    """Per request, its `X-Autellix-*` headers by lower-case name without the prefix."""
 
     def prompts(self) -> list[str]:
         return ["\n".join(m["content"] for m in body["messages"]) for body in self.requests]
@@ -40,6 +42,13 @@ async def scripted_server(reply: Reply) -> AsyncIterator[ScriptedServer]:
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
         server.requests.append(body)
+        server.identities.append(
+            {
+                name.lower().removeprefix("x-autellix-"): value
+                for name, value in request.headers.items()
+                if name.lower().startswith("x-autellix-")
+            }
+        )
         answer = reply(body)
         text, finish = answer if isinstance(answer, tuple) else (answer, "stop")
         return web.json_response(

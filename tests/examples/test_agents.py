@@ -29,10 +29,6 @@ def last_message(body: dict) -> str:
     return body["messages"][-1]["content"]
 
 
-def thread_of(body: dict) -> str:
-    return body["vllm_xargs"]["autellix_thread_id"]
-
-
 # --- ReAct ---------------------------------------------------------------------------
 
 
@@ -100,7 +96,7 @@ async def test_react_agents_run_as_separate_programs():
         reports = await run_example(react_agent, server.base_url, "--agents", "3")
     assert [r.label for r in reports] == ["react-1", "react-2", "react-3"]
     assert len({r.program_id for r in reports}) == 3
-    programs = Counter(body["vllm_xargs"]["autellix_program_id"] for body in server.requests)
+    programs = Counter(identity["program-id"] for identity in server.identities)
     assert sorted(programs.values()) == sorted(r.calls for r in reports)
 
 
@@ -204,11 +200,11 @@ async def test_mcts_branches_run_in_their_own_threads():
         [report] = await run_example(mcts_agent, server.base_url, "--puzzle", "4 7 8 8",
                                      "--width", "3", "--iterations", "3")  # fmt: skip
     assert report.error is None
-    threads = Counter(thread_of(body) for body in server.requests)
+    threads = Counter(identity["thread-id"] for identity in server.identities)
     assert len(threads) == report.threads == 9
     assert set(threads.values()) <= {1, 2}  # propose, then (unless finished) value
-    parents = {body["vllm_xargs"].get("autellix_parent_thread_id") for body in server.requests}
-    assert len(parents) == 1 and None not in parents  # all forked from the main thread
+    parents = {identity["parent-thread-id"] for identity in server.identities}
+    assert len(parents) == 1 and "" not in parents  # all forked from the main thread
     assert int(report.columns["TREE"]) > 1
 
 

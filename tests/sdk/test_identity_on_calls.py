@@ -41,11 +41,8 @@ def assert_main_thread_identity(call: Received, program_id: str, thread_id: str)
     assert call.parent_thread_id is None  # a main thread has no parent:
     assert call.header("X-Autellix-Parent-Thread-Id") == ""  # the header is sent empty
     assert call.call_id
-    assert call.vllm_xargs == {
-        "autellix_program_id": program_id,
-        "autellix_thread_id": thread_id,
-        "autellix_call_id": call.call_id,
-    }
+    # Headers only: strict OpenAI-compatible servers reject unknown body fields.
+    assert "vllm_xargs" not in call.body
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streaming"])
@@ -102,7 +99,7 @@ async def test_calls_outside_programs_carry_nothing(
     assert autellix.current_thread() is None
 
 
-async def test_user_headers_and_extra_body_are_merged_not_overwritten(
+async def test_user_headers_win_and_extra_body_is_sent_as_given(
     server: FakeOpenAIServer, client: autellix.AsyncOpenAI
 ) -> None:
     user_body = {"top_k": 3, "vllm_xargs": {"job": "j1", "autellix_call_id": "users-own"}}
@@ -123,12 +120,7 @@ async def test_user_headers_and_extra_body_are_merged_not_overwritten(
     assert call.header("X-Session-ID") == "users-session"  # the user's value wins
     assert call.program_id == server.state.opened_programs[0]
     assert call.body["top_k"] == 3
-    assert call.vllm_xargs == {
-        "job": "j1",
-        "autellix_call_id": "users-own",
-        "autellix_program_id": call.program_id,
-        "autellix_thread_id": call.thread_id,
-    }
+    assert call.vllm_xargs == {"job": "j1", "autellix_call_id": "users-own"}  # sent as given
     assert user_body == {"top_k": 3, "vllm_xargs": {"job": "j1", "autellix_call_id": "users-own"}}
 
 

@@ -38,7 +38,7 @@ def test_sync_program_opens_tags_and_ends(
     assert plain.program_id == streamed.program_id == "prog-1"
     assert plain.thread_id == streamed.thread_id
     assert plain.call_id != streamed.call_id
-    assert plain.vllm_xargs["autellix_program_id"] == "prog-1"
+    assert plain.vllm_xargs is None  # identity travels in headers only
 
 
 def test_sync_program_ends_on_exception_and_retries_keep_call_id(
