@@ -9,13 +9,11 @@ Everything after ``--`` goes to vLLM unchanged.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 from autellix_vllm.cli import UsageError
-from autellix_vllm.launcher import EngineConfig, EngineProcess, EngineStartError
+from autellix_vllm.launcher import EngineConfig, EngineProcess, EngineStartError, stop_on_signals
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -89,7 +87,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides: object) -> En
 
 def run(args: argparse.Namespace) -> int:
     engine = EngineProcess(engine_config_from_args(args, echo=True))
-    _stop_on_signals()
+    stop_on_signals()
     try:
         engine.start()
         engine.wait_healthy(args.startup_timeout)
@@ -106,19 +104,3 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         engine.stop()
-
-
-def _stop_on_signals() -> None:
-    """Turn SIGTERM and SIGINT into KeyboardInterrupt, so `finally` stops the tree.
-
-    SIGINT is set explicitly because a shell starts background jobs with it
-    ignored, and Python then never raises KeyboardInterrupt. The server runs in
-    its own process group, so a terminal's Ctrl-C reaches only us and we stop
-    the server in order.
-    """
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)

@@ -31,6 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import IO
 
 from autellix_vllm.tiny_model import SERVED_MODEL_NAME, ensure_tiny_model
@@ -269,3 +270,19 @@ def _group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt, so `finally` stops the tree.
+
+    SIGINT is set explicitly because a shell starts background jobs with it
+    ignored, and Python then never raises KeyboardInterrupt. The server runs in
+    its own process group, so a terminal's Ctrl-C reaches only us and we stop
+    the server in order.
+    """
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

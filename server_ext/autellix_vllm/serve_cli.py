@@ -27,8 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autellix_vllm.cli import UsageError
-from autellix_vllm.engine_cli import _stop_on_signals, add_engine_arguments, engine_config_from_args
-from autellix_vllm.launcher import EngineConfig, EngineProcess, EngineStartError, gpu_available
+from autellix_vllm.engine_cli import add_engine_arguments, engine_config_from_args
+from autellix_vllm.launcher import (
+    EngineConfig,
+    EngineProcess,
+    EngineStartError,
+    gpu_available,
+    stop_on_signals,
+)
 from autellix_vllm.policy.routing import BALANCER_NAMES, DEFAULT_LOCALITY_THRESHOLD
 from autellix_vllm.router import RouterConfig, serve_router
 from autellix_vllm.router.config import DEFAULT_MAX_BODY_BYTES
@@ -135,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     # Checked before any engine starts: a bad router flag must not cost a minute.
     router_config_from_args(args, ["http://127.0.0.1:1"])
     engines = [EngineProcess(config) for config in engine_configs]
-    _stop_on_signals()
+    stop_on_signals()
     try:
         for engine in engines:
             engine.start()
