@@ -13,7 +13,9 @@ every rate (same seed); only arrival times scale.
 
 For every policy (or policy/balancer pair) the search doubles the rate until the
 average latency per token exceeds the SLO, then bisects. Policies run in
-parallel in a process pool.
+parallel in a process pool. A run stops as soon as its average is sure to
+exceed the SLO (``simulate(stop_above=...)``): the verdict is the same as a full
+run's, and overloaded runs, the slowest, end early.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def _run(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]
         preset=setup.preset,
         max_num_seqs=setup.max_num_seqs,
         config=setup.config,
+        stop_above=setup.slo or None,  # no SLO yet while measuring it
     ).metrics
 
 
@@ -187,13 +190,19 @@ def plot(curves: list[Curve], slo: float, title: str, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for curve in curves:
-        rates = [r for r, _ in curve.points]
-        lat = [m["avg_latency_per_token"] for _, m in curve.points]
-        ax.plot(rates, lat, marker="o", markersize=3, label=curve.key)
+        full = [(r, m["avg_latency_per_token"]) for r, m in curve.points if not m["stopped_early"]]
+        line = ax.plot(*zip(*full, strict=True), marker="o", markersize=3, label=curve.key)
+        # Runs stopped past the SLO only have a lower bound: a triangle at the bound.
+        stopped = [(r, m["avg_latency_per_token"]) for r, m in curve.points if m["stopped_early"]]
+        if stopped:
+            color = line[0].get_color()
+            ax.plot(*zip(*stopped, strict=True), linestyle="", marker="^", color=color)
     ax.axhline(slo, color="grey", linestyle="--", linewidth=1, label="SLO")
     ax.set_xlabel("arrival rate (programs/s)")
     ax.set_ylabel("avg latency per token (s)")
     ax.set_ylim(0, slo * 2.5)
+    ax.text(0.01, 0.99, "^ stopped early: latency at least this", transform=ax.transAxes,
+            fontsize=7, verticalalignment="top")  # fmt: skip
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
