@@ -64,6 +64,9 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_model_len: int = 1024
     kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    # CPU only: how many engines run side by side on this machine; each gets its
+    # share of the cores as OpenMP threads (see cpu_threads_per_engine).
+    engines_on_host: int = 1
     device: str = "auto"  # "auto", "cpu" or "gpu"
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -132,9 +135,23 @@ def server_environment(config: EngineConfig) -> dict[str, str]:
     env["VLLM_DO_NOT_TRACK"] = "1"
     if config.resolved_device() == "cpu":
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.setdefault("OMP_NUM_THREADS", str(cpu_threads_per_engine(config.engines_on_host)))
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
     env.update(config.extra_env)
     return env
+
+
+def cpu_threads_per_engine(engines: int) -> int:
+    """OpenMP threads for each of ``engines`` CPU engines that share this machine.
+
+    The cores this process may use, less one for the API servers, the router and
+    the clients, split evenly; at least one. Without a limit every engine starts
+    one spinning OpenMP thread per core: on 2 cores, one engine then ran the
+    bench workload half as fast as with one thread, and two side by side ran it
+    8x slower (docs/benchmarks.md). ``OMP_NUM_THREADS`` set by the user wins.
+    """
+    cores = len(os.sched_getaffinity(0))
+    return max(1, (cores - 1) // max(1, engines))
 
 
 def _default_served_name(config: EngineConfig) -> str:

@@ -191,6 +191,7 @@ def plan_engines(args: argparse.Namespace) -> list[EngineConfig]:
                     "extra_args": extra_args,
                     "extra_env": extra_env,
                     "log_file": log_file,
+                    "engines_on_host": count,
                 }
             )
         )

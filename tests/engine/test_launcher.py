@@ -37,6 +37,7 @@ def test_fcfs_baseline_is_stock_vllm_with_the_same_flags():
 def test_gpu_with_an_explicit_model_uses_the_async_scheduler_and_no_cpu_settings(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     config = EngineConfig(model="/models/llama", device="gpu", extra_args=["--foo", "1"])
     cmd = launcher.server_command(config, "/models/llama", 1)
     assert flag(cmd, "--scheduler-cls") == "autellix_vllm.scheduler.AutellixAsyncScheduler"
@@ -45,6 +46,7 @@ def test_gpu_with_an_explicit_model_uses_the_async_scheduler_and_no_cpu_settings
     env = launcher.server_environment(config)
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env
+    assert "OMP_NUM_THREADS" not in env
     assert env["HF_HUB_OFFLINE"] == "1"
 
 
@@ -63,6 +65,21 @@ def test_environment_allowlists_both_plugins_and_keeps_user_plugins(monkeypatch)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env["HF_HUB_OFFLINE"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("cores", "engines", "threads"), [(2, 1, 1), (2, 2, 1), (16, 1, 15), (16, 2, 7), (16, 32, 1)]
+)
+def test_cpu_engines_share_the_cores_less_one(monkeypatch, cores, engines, threads):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    env = launcher.server_environment(EngineConfig(engines_on_host=engines))
+    assert env["OMP_NUM_THREADS"] == str(threads)
+
+
+def test_the_users_omp_num_threads_wins(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert launcher.server_environment(EngineConfig(engines_on_host=4))["OMP_NUM_THREADS"] == "6"
 
 
 def test_unknown_scheduler_is_an_error():

@@ -217,13 +217,14 @@ def scaled_levels(settings: BenchSettings) -> str:
     return ",".join(f"{b * settings.token_scale:g}" for b in bounds)
 
 
-def engine_config(scheduler: str, settings: BenchSettings) -> EngineConfig:
+def engine_config(scheduler: str, settings: BenchSettings, engines_on_host: int) -> EngineConfig:
     return EngineConfig(
         port=0,
         scheduler=scheduler,
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
         extra_env={"AUTELLIX_LEVELS": scaled_levels(settings)},
+        engines_on_host=engines_on_host,
     )
 
 
@@ -250,7 +251,7 @@ def run_engine_bench(settings: BenchSettings) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         engines = []
         for name in ("fcfs", "autellix"):
-            engine = EngineProcess(engine_config(name, settings))
+            engine = EngineProcess(engine_config(name, settings, engines_on_host=2))
             stack.callback(engine.stop)
             engines.append(engine.start())
         for engine in engines:

@@ -118,7 +118,7 @@ def run_router_bench(
 def _start_engines(
     settings: BenchSettings, count: int, vllm_args: list[str]
 ) -> list[EngineProcess]:
-    config = replace(engine_config("autellix", settings), extra_args=list(vllm_args))
+    config = replace(engine_config("autellix", settings, count), extra_args=list(vllm_args))
     engines = [EngineProcess(config) for _ in range(count)]
     try:
         for engine in engines:
