@@ -31,6 +31,16 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
         "--rate", type=float, help="program arrivals per second (default: from the probe)"
     )
     engine.add_argument("--max-num-seqs", type=int, help="the engines' batch size (default 2)")
+    engine.add_argument(
+        "--schedulers",
+        default="fcfs,autellix",
+        help="baseline,candidate (fcfs or autellix); the same twice measures the noise floor",
+    )
+    engine.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run both engines at once (shares background load; crowded on few cores)",
+    )
     engine.add_argument("--json", action="store_true", help="print only the JSON result")
     engine.set_defaults(func=_run_engine)
 
@@ -51,7 +61,15 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
 def _run_engine(args: argparse.Namespace) -> int:
     from autellix_vllm.bench.engine import BenchSettings, run_engine_bench
 
-    overrides: dict[str, Any] = {"seed": args.seed, "workload": args.workload}
+    schedulers = tuple(args.schedulers.split(","))
+    if len(schedulers) != 2 or not set(schedulers) <= {"fcfs", "autellix"}:
+        raise UsageError("--schedulers takes two of fcfs and autellix, e.g. fcfs,autellix")
+    overrides: dict[str, Any] = {
+        "seed": args.seed,
+        "workload": args.workload,
+        "schedulers": schedulers,
+        "side_by_side": args.side_by_side,
+    }
     for option in ("programs", "rate", "max_num_seqs"):
         value = getattr(args, option)
         if value is not None:
@@ -62,7 +80,8 @@ def _run_engine(args: argparse.Namespace) -> int:
     if not args.json:
         print(
             f"autellix bench engine: {settings.programs} {settings.workload} programs,"
-            f" max_num_seqs {settings.max_num_seqs}; starting two engines...",
+            f" max_num_seqs {settings.max_num_seqs}; {' then '.join(settings.schedulers)}"
+            f"{' side by side' if settings.side_by_side else ''}...",
             file=sys.stderr,
         )
     _emit(run_engine_bench(settings), args.json)

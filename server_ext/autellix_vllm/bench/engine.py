@@ -2,7 +2,12 @@
 
 The benchmark starts the real engine twice (same model, flags and workload;
 only the scheduler differs) and replays one seeded workload of concurrent
-multi-call programs through the OpenAI completions API:
+multi-call programs through the OpenAI completions API. By default the engines
+run one after the other, each alone on the machine; ``side_by_side`` runs both
+at once, which shares any background load between them but, on a machine with
+few cores, also lets one engine crowd out the other (on 2 cores stock FCFS
+against itself measured a ratio of 0.2; docs/benchmarks.md). Naming the same
+scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
 
 * the programs come from the simulator's generators (:mod:`autellix_vllm.sim.
   workloads`: heavy-tailed calls per program, log-normal lengths, Poisson
@@ -62,6 +67,8 @@ class BenchSettings:
     max_num_seqs: int = 2
     max_model_len: int = 1024
     call_timeout_s: float = 1800.0
+    schedulers: tuple[str, str] = ("fcfs", "autellix")  # baseline, candidate
+    side_by_side: bool = False
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
@@ -231,7 +238,8 @@ def engine_config(scheduler: str, settings: BenchSettings, engines_on_host: int)
 async def _measure(engine: EngineProcess, programs: list[ProgramSpec], settings: BenchSettings):
     started = time.monotonic()
     results = await replay(engine.base_url, engine.served_model_name, programs, settings)
-    summary = summarize(results, time.monotonic() - started)
+    summary = {"scheduler": engine.config.scheduler}
+    summary.update(summarize(results, time.monotonic() - started))
     table = await _table(engine.base_url)
     if table.get("enabled"):
         for counter in ("preemptions", "promotions", "demotions"):
@@ -240,26 +248,15 @@ async def _measure(engine: EngineProcess, programs: list[ProgramSpec], settings:
 
 
 def run_engine_bench(settings: BenchSettings) -> dict[str, Any]:
-    """Both engines side by side on the same workload; ratios > 1: Autellix is faster.
+    """Baseline then candidate scheduler on the same workload and arrivals.
 
-    Both engines run at once and the workload is replayed against both together,
-    so background load on a shared machine hits both alike (they share the CPU
-    symmetrically). Before the replay, a short saturating probe measures their
-    decode speed, which sets the arrival window (unless ``settings.rate`` is set).
+    Ratios > 1: the candidate is faster. A short saturating probe of the first
+    engine (of both, side by side) measures the decode speed, which sets the
+    arrival window (unless ``settings.rate`` is set).
     """
     programs = build_workload(settings)
-    with contextlib.ExitStack() as stack:
-        engines = []
-        for name in ("fcfs", "autellix"):
-            engine = EngineProcess(engine_config(name, settings, engines_on_host=2))
-            stack.callback(engine.stop)
-            engines.append(engine.start())
-        for engine in engines:
-            engine.wait_healthy()
-        speed = min(asyncio.run(_gather(*(probe_speed(e, settings) for e in engines))))
-        if settings.rate is None:
-            programs = spread(programs, settings.arrival_window, speed)
-        fcfs, autellix = asyncio.run(_gather(*(_measure(e, programs, settings) for e in engines)))
+    run = _side_by_side if settings.side_by_side else _one_after_another
+    speed, programs, (baseline, candidate) = run(programs, settings)
     return {
         "settings": {
             "programs": settings.programs,
@@ -268,14 +265,50 @@ def run_engine_bench(settings: BenchSettings) -> dict[str, Any]:
             "max_num_seqs": settings.max_num_seqs,
             "token_scale": settings.token_scale,
             "levels": scaled_levels(settings),
+            "schedulers": list(settings.schedulers),
+            "side_by_side": settings.side_by_side,
             "probe_tokens_per_s": round(speed, 1),
             "arrivals_over_s": round(max(p.arrival for p in programs), 2),
         },
-        "fcfs": fcfs,
-        "autellix": autellix,
-        "avg_ratio": fcfs["avg_latency_per_token_s"] / autellix["avg_latency_per_token_s"],
-        "p95_ratio": fcfs["p95_latency_per_token_s"] / autellix["p95_latency_per_token_s"],
+        "baseline": baseline,
+        "candidate": candidate,
+        "avg_ratio": baseline["avg_latency_per_token_s"] / candidate["avg_latency_per_token_s"],
+        "p95_ratio": baseline["p95_latency_per_token_s"] / candidate["p95_latency_per_token_s"],
     }
+
+
+Outcome = tuple[float, list[ProgramSpec], list[dict[str, Any]]]
+
+
+def _one_after_another(programs: list[ProgramSpec], settings: BenchSettings) -> Outcome:
+    """Each engine alone on the machine; the first one's probe sets the arrivals."""
+    summaries: list[dict[str, Any]] = []
+    speed = 0.0
+    for scheduler in settings.schedulers:
+        with EngineProcess(engine_config(scheduler, settings, engines_on_host=1)) as engine:
+            if not summaries:
+                speed = asyncio.run(probe_speed(engine, settings))
+                if settings.rate is None:
+                    programs = spread(programs, settings.arrival_window, speed)
+            summaries.append(asyncio.run(_measure(engine, programs, settings)))
+    return speed, programs, summaries
+
+
+def _side_by_side(programs: list[ProgramSpec], settings: BenchSettings) -> Outcome:
+    """Both engines at once, the workload replayed against both together."""
+    with contextlib.ExitStack() as stack:
+        engines = []
+        for scheduler in settings.schedulers:
+            engine = EngineProcess(engine_config(scheduler, settings, engines_on_host=2))
+            stack.callback(engine.stop)
+            engines.append(engine.start())
+        for engine in engines:
+            engine.wait_healthy()
+        speed = min(asyncio.run(_gather(*(probe_speed(e, settings) for e in engines))))
+        if settings.rate is None:
+            programs = spread(programs, settings.arrival_window, speed)
+        summaries = asyncio.run(_gather(*(_measure(e, programs, settings) for e in engines)))
+    return speed, programs, summaries
 
 
 def spread(programs: list[ProgramSpec], window: float, tokens_per_s: float) -> list[ProgramSpec]:
