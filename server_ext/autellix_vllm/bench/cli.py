@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
         "engine", help="program latency per token on real engines: stock FCFS vs Autellix"
     )
     engine.add_argument("--programs", type=int, help="programs in the workload (default 32)")
-    engine.add_argument("--quick", action="store_true", help="16 programs: about 5 minutes")
+    engine.add_argument("--quick", action="store_true", help="16 programs: about 2 minutes")
     engine.add_argument("--seed", type=int, default=0)
     engine.add_argument(
         "--workload", default="mixed", choices=["sharegpt", "bfcl", "lats", "mixed"]

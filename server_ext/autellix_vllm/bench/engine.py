@@ -72,7 +72,7 @@ class BenchSettings:
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
-        """16 programs: about five minutes on two idle CPU cores, engines included."""
+        """16 programs: about two minutes on two idle CPU cores, engine starts included."""
         return replace(cls(programs=16), **overrides)
 
 

@@ -3,9 +3,11 @@
 One run replays the same seeded workload through the router twice, once with
 ``round-robin`` and once with ``locality`` (paper Algorithm 2), each through an
 ``autellix serve --upstream`` router in front of two real engines (the embedded
-tiny model, Autellix scheduler). By default the two policies run side by side,
-each on its own pair of engines, so that whatever else loads the machine loads
-both alike (``--sequential``: one after the other on the same pair).
+tiny model, Autellix scheduler). By default the two policies take turns on the
+same pair of engines. ``--side-by-side`` gives each policy its own pair and runs
+both at once, which shares background load between them but needs a core per
+engine: on 2 cores, engines side by side crowd each other out unevenly
+(docs/benchmarks.md, engine benchmark).
 
 The workload is the engine benchmark's (:mod:`autellix_vllm.bench.engine`):
 multi-call programs whose calls carry the program's growing transcript, so a
@@ -36,6 +38,7 @@ from autellix_vllm.bench.engine import (
     BenchSettings,
     build_workload,
     engine_config,
+    probe_speed,
     replay,
     summarize,
 )
@@ -58,21 +61,24 @@ def router_bench_settings(**overrides: Any) -> BenchSettings:
     return BenchSettings(**{**defaults, **overrides})
 
 
+# Settings of the engine benchmark that mean nothing here.
+_ENGINE_BENCH_ONLY = ("schedulers", "side_by_side")
+
+
 def run_router_bench(
     settings: BenchSettings,
     threshold: int = 256,
     engines: int = 2,
     upstreams: list[str] | None = None,
     vllm_args: list[str] | None = None,
-    side_by_side: bool = True,
+    side_by_side: bool = False,
     chars_per_token: float = 1.0,
 ) -> dict[str, Any]:
     """Both policies on the same workload; ``avg_ratio`` > 1 means locality is faster.
 
-    Side by side (the default), each policy gets its own ``engines`` engines and
-    both replays run at the same time, so whatever else loads the machine loads
-    both alike; otherwise the policies take turns on the same engines. Given
-    ``upstreams``, the policies take turns on those.
+    By default the policies take turns on the same ``engines`` engines. Side by
+    side, each policy gets its own ``engines`` engines and both replays run at
+    the same time. Given ``upstreams``, the policies take turns on those.
     """
     programs = build_workload(settings)
     side_by_side = side_by_side and upstreams is None
@@ -82,6 +88,9 @@ def run_router_bench(
             groups = len(POLICIES) if side_by_side else 1
             started = _start_engines(settings, engines * groups, vllm_args or [])
             upstreams = [engine.base_url for engine in started]
+            # A fresh engine's first calls are slow; without a warm-up the policy
+            # that runs first would pay for it (seed 1: a 5x ratio).
+            asyncio.run(_gather(*(probe_speed(engine, settings) for engine in started)))
         if side_by_side:
             pools = {p: upstreams[i * engines : (i + 1) * engines] for i, p in enumerate(POLICIES)}
             with contextlib.ExitStack() as stack:
@@ -102,7 +111,7 @@ def run_router_bench(
     rr, loc = results["round-robin"], results["locality"]
     return {
         "settings": {
-            **asdict(settings),
+            **{k: v for k, v in asdict(settings).items() if k not in _ENGINE_BENCH_ONLY},
             "engines_per_policy": engines if side_by_side else len(upstreams),
             "side_by_side": side_by_side,
             "locality_threshold": threshold,
@@ -167,7 +176,7 @@ async def _measure(
     return summary
 
 
-async def _gather(*runs: Coroutine[Any, Any, dict[str, Any]]) -> list[dict[str, Any]]:
+async def _gather(*runs: Coroutine[Any, Any, Any]) -> list[Any]:
     return list(await asyncio.gather(*runs))
 
 

@@ -31,9 +31,9 @@ def add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
     router.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch size")
     router.add_argument("--engines", type=int, default=2, help="engines per policy")
     router.add_argument(
-        "--sequential",
+        "--side-by-side",
         action="store_true",
-        help="one policy after the other on the same engines (default: side by side)",
+        help="each policy on its own engines, both at once (default: one after the other)",
     )
     router.add_argument("--locality-threshold", type=int, default=256, help="prompt tokens")
     router.add_argument(
@@ -88,7 +88,7 @@ def _run_router(args: argparse.Namespace) -> int:
         engines=args.engines,
         upstreams=args.upstream,
         vllm_args=args.vllm_args,
-        side_by_side=not args.sequential,
+        side_by_side=args.side_by_side,
         chars_per_token=args.chars_per_token,
     )
     _emit(result, args.json)
