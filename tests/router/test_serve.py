@@ -215,12 +215,26 @@ def test_the_router_benchmark_runs_over_the_served_engines(served):
 
 
 async def test_killing_an_engine_mid_run_loses_no_program(served):
+    calls = 6
     async with client_for(served) as client:
         runs = [
-            asyncio.ensure_future(run_program(client, served.url, calls=6, max_tokens=24))
+            asyncio.ensure_future(run_program(client, served.url, calls=calls, max_tokens=24))
             for _ in range(10)
         ]
-        await asyncio.sleep(3)  # every program has made calls; some are in flight
+
+        async def mid_run_on_engine_1() -> bool:
+            # A program bound to engine-1 that has done some of its calls, not all:
+            # then engine-1 dies with work of a live program on it.
+            rows = (await get_json(served.url + PROGRAMS))["programs"]
+            return any(
+                row["engine"] == "engine-1" and 0 < row["calls_completed"] < calls
+                for row in rows
+            )
+
+        deadline = asyncio.get_running_loop().time() + 60
+        while not await mid_run_on_engine_1():
+            assert asyncio.get_running_loop().time() < deadline, "no program ran on engine-1"
+            await asyncio.sleep(0.05)
         os.killpg(served.engine_pids[1], signal.SIGKILL)
         programs = await asyncio.gather(*runs)  # raises if any call of any program failed
 
@@ -231,7 +245,7 @@ async def test_killing_an_engine_mid_run_loses_no_program(served):
     for program_id in programs:
         row = rows[program_id]
         assert row["engine"] == "engine-0" and row["calls_failed"] == 0
-        assert row["calls_completed"] == 6
+        assert row["calls_completed"] == calls
     for program_id in moved:
         assert set(rows[program_id]["engines"]) == {"engine-0", "engine-1"}
     engines = {e["name"]: e for e in table["engines"]}
