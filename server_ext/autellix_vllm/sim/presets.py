@@ -23,10 +23,12 @@ It is the setting of the paper's Figure 2 toy example.
 
 ``cpu-tiny``: the embedded engine of this repository (the tiny random-weight
 Llama on the CPU build of vLLM, 2 cores), calibrated with
-``python tests/bench/calibrate_cpu_preset.py``: two runs on a quiet machine
-fitted a step of 5.5-9 ms that does not grow with the batch up to 8 sequences
-(the model is so small that scheduling and inter-process overhead dominate),
-and 0.016-0.020 ms per prefilled token. The batch and KV are the launcher's
+``python tests/bench/calibrate_cpu_preset.py``: two runs on a quiet machine,
+with the launcher's one OpenMP thread, fitted a step of 1.6-2.2 ms plus
+0.003-0.155 ms per sequence (2.2-2.7 ms at 8 sequences: the model is so small
+that scheduling and inter-process overhead dominate), and 0.016-0.017 ms per
+prefilled token. (Session 1's 5.5-9 ms were measured with an OpenMP thread
+spinning on each of the 2 cores.) The batch and KV are the launcher's
 defaults: 16 sequences, 1 GiB of KV (512 bytes per token in float32: 2 layers x
 1 KV head x 32 dims x K and V), in vLLM's CPU blocks of 128 tokens.
 """
@@ -75,9 +77,9 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "cpu-tiny": EnginePreset(
         "cpu-tiny",
-        step_base=0.007,
-        per_decode=0.0,
-        per_prefill=0.000018,
+        step_base=0.0019,
+        per_decode=0.00008,
+        per_prefill=0.0000165,
         max_num_seqs=16,
         token_budget=2048,
         kv_blocks=16_384,
