@@ -60,8 +60,11 @@ logger = logging.getLogger(__name__)
 ANONYMOUS_PREFIX = "anonymous:"
 
 
-def core_from_env(environ: Mapping[str, str] = os.environ) -> ProgramScheduler:
-    """The policy core, configured by ``AUTELLIX_*`` variables (see module doc)."""
+def core_from_env(
+    environ: Mapping[str, str] = os.environ, seats: int | None = None
+) -> ProgramScheduler:
+    """The policy core, configured by ``AUTELLIX_*`` variables (see module doc),
+    for an engine of ``seats`` sequences."""
     defaults = PolicyConfig()
     levels = defaults.levels
     if environ.get("AUTELLIX_LEVELS"):
@@ -77,7 +80,7 @@ def core_from_env(environ: Mapping[str, str] = os.environ) -> ProgramScheduler:
         atlas_variant=defaults.atlas_variant,
     )
     policy = make_policy(environ.get("AUTELLIX_POLICY", "autellix"), config.atlas_variant)
-    return ProgramScheduler(policy, config)
+    return ProgramScheduler(policy, config, seats=seats)
 
 
 class ProgramRequestQueue(RequestQueue):
@@ -154,7 +157,7 @@ class AutellixSchedulerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.core = core_from_env()
+        self.core = core_from_env(seats=adapter.batch_seats(self))
         self.calls: dict[str, Call] = {}  # request id -> call, while the request lives
         self.waiting = ProgramRequestQueue(self.core, self.calls)
         self.calls_without_identity = 0

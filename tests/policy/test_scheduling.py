@@ -222,6 +222,35 @@ def test_program_wait_counts_toward_starvation():
     assert core.next_promotion() == core.clock + 40
 
 
+def test_the_starvation_threshold_grows_with_the_queue_beyond_the_batch():
+    def deadline_with(waiting_calls: int, seats: int | None) -> float:
+        core = ProgramScheduler(PLAS(), PolicyConfig(levels=LEVELS, beta=2.0), seats=seats)
+        run_call(core, "a1", "long", 50)  # program service 50 -> level 1
+        for i in range(waiting_calls - 1):
+            core.enqueue(core.add_call(f"q{i}", f"other-{i}", now_s=0.0))
+        waiter = core.add_call("a2", "long", now_s=0.0)
+        core.enqueue(waiter)
+        return core.next_promotion()
+
+    plain = deadline_with(8, seats=None)
+    assert plain == 2.0 * 50  # beta x service, as in the paper
+    assert deadline_with(8, seats=16) == plain  # the queue is shorter than the batch
+    assert deadline_with(8, seats=2) == 4 * plain  # four batches' worth wait
+
+
+def test_a_due_deadline_is_checked_again_under_the_load_of_then():
+    core = ProgramScheduler(PLAS(), PolicyConfig(levels=LEVELS, beta=2.0), seats=1)
+    run_call(core, "a1", "long", 50)
+    waiter = core.add_call("a2", "long", now_s=0.0)
+    core.enqueue(waiter)  # alone in the queue: deadline 100
+    for i in range(3):  # then three more calls queue up behind it
+        core.enqueue(core.add_call(f"q{i}", f"other-{i}", now_s=0.0))
+    core.advance(now_s=0.0, steps=100)
+    assert waiter.level == 1  # 4 calls on 1 seat: not starving yet
+    core.advance(now_s=0.0, steps=300)
+    assert waiter.level == 0 and waiter.promotions == 1
+
+
 def test_srpt_ranks_by_remaining_work():
     remaining = {"big": 1000.0, "small": 10.0}
     core = ProgramScheduler(SRPT(lambda p: remaining[p.program_id]))

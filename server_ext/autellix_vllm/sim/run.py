@@ -161,7 +161,11 @@ def simulate(
         SimEngine(
             f"engine-{i}",
             spec,
-            ProgramScheduler(make_policy(core_policy, config.atlas_variant, remaining), config),
+            ProgramScheduler(
+                make_policy(core_policy, config.atlas_variant, remaining),
+                config,
+                seats=spec.max_num_seqs,
+            ),
             prefix_caching,
             on_complete,
         )
