@@ -150,7 +150,10 @@ def cpu_threads_per_engine(engines: int) -> int:
     bench workload half as fast as with one thread, and two side by side ran it
     8x slower (docs/benchmarks.md). ``OMP_NUM_THREADS`` set by the user wins.
     """
-    cores = len(os.sched_getaffinity(0))
+    if hasattr(os, "sched_getaffinity"):  # Linux: honours cpusets and taskset
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
     return max(1, (cores - 1) // max(1, engines))
 
 
