@@ -30,7 +30,7 @@ from typing import Any, Self
 import openai
 
 from ._identity import current_identity, new_id
-from ._retry import RetryPolicy, is_transient
+from ._retry import RetryPolicy, worth_retrying
 from ._tagging import tagged_headers
 
 _newest_clients: dict[str, weakref.ref[Any]] = {}
@@ -129,7 +129,7 @@ class AsyncOpenAI(_AutellixClientMixin, openai.AsyncOpenAI):
         try:
             return await send(path, **post_arguments)
         except Exception as failure:
-            if attempts <= 1 or not is_transient(failure):
+            if not worth_retrying(failure, attempts):
                 raise
             first_failure = failure
         return await self._retry_policy.retry_async(
@@ -149,7 +149,7 @@ class OpenAI(_AutellixClientMixin, openai.OpenAI):
         try:
             return send(path, **post_arguments)
         except Exception as failure:
-            if attempts <= 1 or not is_transient(failure):
+            if not worth_retrying(failure, attempts):
                 raise
             first_failure = failure
         return self._retry_policy.retry_blocking(

@@ -48,6 +48,11 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, openai.APIStatusError) and error.status_code in TRANSIENT_STATUS_CODES
 
 
+def worth_retrying(first_failure: BaseException, attempts: int) -> bool:
+    """Whether a call whose first attempt failed so should get its other attempts."""
+    return attempts > 1 and is_transient(first_failure)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How long and how often transient failures are retried.

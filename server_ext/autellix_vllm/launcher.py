@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -306,3 +307,34 @@ def stop_on_signals() -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def start_all(
+    configs: Sequence[EngineConfig],
+    timeout_s: float = 300.0,
+    on_ready: Callable[[int, EngineProcess], None] | None = None,
+) -> list[EngineProcess]:
+    """Start one engine per config, all at once (each takes about a minute), and
+    wait until every one is healthy. On any failure, Ctrl-C included, every
+    engine started so far is stopped before the error goes on."""
+    engines = [EngineProcess(config) for config in configs]
+    try:
+        for engine in engines:
+            engine.start()
+        for i, engine in enumerate(engines):
+            engine.wait_healthy(timeout_s)
+            if on_ready is not None:
+                on_ready(i, engine)
+    except BaseException:
+        stop_all(engines)
+        raise
+    return engines
+
+
+def stop_all(engines: Sequence[EngineProcess]) -> None:
+    """Stop every engine at once (each may take its SIGTERM grace period)."""
+    threads = [threading.Thread(target=engine.stop) for engine in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

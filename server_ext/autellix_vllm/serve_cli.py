@@ -22,7 +22,6 @@ import asyncio
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +32,8 @@ from autellix_vllm.launcher import (
     EngineProcess,
     EngineStartError,
     gpu_available,
+    start_all,
+    stop_all,
     stop_on_signals,
 )
 from autellix_vllm.policy.routing import BALANCER_NAMES, DEFAULT_LOCALITY_THRESHOLD
@@ -140,15 +141,15 @@ def run(args: argparse.Namespace) -> int:
     engine_configs = plan_engines(args)
     # Checked before any engine starts: a bad router flag must not cost a minute.
     router_config_from_args(args, ["http://127.0.0.1:1"])
-    engines = [EngineProcess(config) for config in engine_configs]
+    engines: list[EngineProcess] = []
+
+    def ready(i: int, engine: EngineProcess) -> None:
+        pid = engine.process.pid if engine.process else None
+        say(f"engine {i} ready at {engine.base_url} (pid {pid})")
+
     stop_on_signals()
     try:
-        for engine in engines:
-            engine.start()
-        for i, engine in enumerate(engines):
-            engine.wait_healthy(args.startup_timeout)
-            pid = engine.process.pid if engine.process else None
-            say(f"engine {i} ready at {engine.base_url} (pid {pid})")
+        engines = start_all(engine_configs, args.startup_timeout, on_ready=ready)
         config = router_config_from_args(args, [engine.base_url for engine in engines])
         return run_router(config, args.host, args.port, engines)
     except EngineStartError as error:
@@ -251,15 +252,6 @@ async def _watch_engines(engines: list[EngineProcess], stop: asyncio.Event) -> N
                 reported.add(i)
                 say(f"engine {i} ({engine.base_url}) exited with code {code}", err=True)
         await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
-
-
-def stop_all(engines: list[EngineProcess]) -> None:
-    """Stop every engine at once (each may take its SIGTERM grace period)."""
-    threads = [threading.Thread(target=engine.stop) for engine in engines]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
 
 
 def say(message: str, err: bool = False) -> None:

@@ -29,7 +29,6 @@ programs and at the 95th percentile.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
 import statistics
@@ -40,7 +39,7 @@ from typing import Any
 
 import aiohttp
 
-from autellix_vllm.launcher import EngineConfig, EngineProcess
+from autellix_vllm.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.sim.trace import CallSpec, ProgramSpec
 from autellix_vllm.sim.workloads import at_rate, generate
@@ -296,18 +295,15 @@ def _one_after_another(programs: list[ProgramSpec], settings: BenchSettings) -> 
 
 def _side_by_side(programs: list[ProgramSpec], settings: BenchSettings) -> Outcome:
     """Both engines at once, the workload replayed against both together."""
-    with contextlib.ExitStack() as stack:
-        engines = []
-        for scheduler in settings.schedulers:
-            engine = EngineProcess(engine_config(scheduler, settings, engines_on_host=2))
-            stack.callback(engine.stop)
-            engines.append(engine.start())
-        for engine in engines:
-            engine.wait_healthy()
-        speed = min(asyncio.run(_gather(*(probe_speed(e, settings) for e in engines))))
+    configs = [engine_config(name, settings, engines_on_host=2) for name in settings.schedulers]
+    engines = start_all(configs)
+    try:
+        speed = min(asyncio.run(gather_all(*(probe_speed(e, settings) for e in engines))))
         if settings.rate is None:
             programs = spread(programs, settings.arrival_window, speed)
-        summaries = asyncio.run(_gather(*(_measure(e, programs, settings) for e in engines)))
+        summaries = asyncio.run(gather_all(*(_measure(e, programs, settings) for e in engines)))
+    finally:
+        stop_all(engines)
     return speed, programs, summaries
 
 
@@ -334,5 +330,6 @@ async def probe_speed(engine: EngineProcess, settings: BenchSettings) -> float:
     return probe.decode_tokens / seconds
 
 
-async def _gather(*coroutines: Any) -> list[Any]:
+async def gather_all(*coroutines: Any) -> list[Any]:
+    """``asyncio.gather`` as a coroutine, for ``asyncio.run``."""
     return list(await asyncio.gather(*coroutines))

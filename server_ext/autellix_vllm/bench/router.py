@@ -30,7 +30,7 @@ import json
 import re
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -38,13 +38,13 @@ from autellix_vllm.bench.engine import (
     BenchSettings,
     build_workload,
     engine_config,
+    gather_all,
     probe_speed,
     replay,
     summarize,
 )
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
-from autellix_vllm.launcher import EngineProcess
-from autellix_vllm.serve_cli import stop_all
+from autellix_vllm.launcher import EngineProcess, start_all, stop_all
 from autellix_vllm.sim.trace import ProgramSpec
 
 POLICIES = ("round-robin", "locality")
@@ -90,7 +90,7 @@ def run_router_bench(
             upstreams = [engine.base_url for engine in started]
             # A fresh engine's first calls are slow; without a warm-up the policy
             # that runs first would pay for it (seed 1: a 5x ratio).
-            asyncio.run(_gather(*(probe_speed(engine, settings) for engine in started)))
+            asyncio.run(gather_all(*(probe_speed(engine, settings) for engine in started)))
         if side_by_side:
             pools = {p: upstreams[i * engines : (i + 1) * engines] for i, p in enumerate(POLICIES)}
             with contextlib.ExitStack() as stack:
@@ -99,7 +99,7 @@ def run_router_bench(
                     for p in POLICIES
                 }
                 runs = [_measure(p, routers[p], pools[p], programs, settings) for p in POLICIES]
-                results = dict(zip(POLICIES, asyncio.run(_gather(*runs)), strict=True))
+                results = dict(zip(POLICIES, asyncio.run(gather_all(*runs)), strict=True))
         else:
             results = {}
             for policy in POLICIES:
@@ -128,16 +128,7 @@ def _start_engines(
     settings: BenchSettings, count: int, vllm_args: list[str]
 ) -> list[EngineProcess]:
     config = replace(engine_config("autellix", settings, count), extra_args=list(vllm_args))
-    engines = [EngineProcess(config) for _ in range(count)]
-    try:
-        for engine in engines:
-            engine.start()
-        for engine in engines:
-            engine.wait_healthy()
-    except BaseException:
-        stop_all(engines)
-        raise
-    return engines
+    return start_all([config] * count)
 
 
 @contextlib.contextmanager
@@ -176,8 +167,6 @@ async def _measure(
     return summary
 
 
-async def _gather(*runs: Coroutine[Any, Any, Any]) -> list[Any]:
-    return list(await asyncio.gather(*runs))
 
 
 def _prefix_cache(upstreams: list[str]) -> dict[str, float]:

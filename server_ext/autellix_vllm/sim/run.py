@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -196,6 +197,7 @@ def simulate(
 
     step_version: dict[str, int] = {e.name: 0 for e in sims}
     bound = LatencyBound(list(runs.values())) if stop_above is not None else None
+    line = math.inf if stop_above is None else stop_above
     events_handled = 0
 
     def schedule_end(engine: SimEngine) -> None:
@@ -207,7 +209,7 @@ def simulate(
         events_handled += 1
         if bound is not None and events_handled % _CHECK_EVERY == 0:
             lowest = bound.at(t)
-            if lowest > stop_above:  # type: ignore[operator]  # set with the bound
+            if lowest > line:
                 return SimResult(_stopped_metrics(runs, lowest, t, started), {})
         if kind == _ARRIVE:
             job: Job = obj
