@@ -18,7 +18,7 @@ import pytest
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     pytest.importorskip("vllm")
-    from autellix_vllm.launcher import EngineConfig, EngineProcess, EngineStartError
+    from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, EngineStartError
 
     log_file = tmp_path_factory.mktemp("engine") / "server.log"
     process = EngineProcess(

@@ -25,7 +25,7 @@ import sys
 import time
 
 import openai
-from autellix_vllm.launcher import EngineConfig, EngineProcess
+from autellix_vllm.engine.launcher import EngineConfig, EngineProcess
 
 BATCHES = (1, 2, 4, 8)
 SHORT, LONG = 16, 144  # decode lengths whose difference isolates the decode steps

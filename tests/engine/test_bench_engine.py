@@ -12,7 +12,7 @@ from autellix_vllm.bench.engine import (
     summarize,
     transcript,
 )
-from autellix_vllm.sim.trace import CallSpec, ProgramSpec
+from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
 
 
 def test_workload_is_seeded_and_fits_the_model():

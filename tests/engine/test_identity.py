@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from autellix_vllm.identity import (
+from autellix_vllm.protocol import (
     CALL_ID,
     PRIOR_SERVICE,
     PROGRAM_ID,

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
-from autellix_vllm import launcher
-from autellix_vllm.launcher import EngineConfig, EngineProcess, EngineStartError
+from autellix_vllm.engine import launcher
+from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, EngineStartError
 
 
 def flag(cmd, name):
@@ -15,9 +15,9 @@ def flag(cmd, name):
 def test_cpu_command_uses_the_autellix_scheduler_and_cpu_flags():
     cmd = launcher.server_command(EngineConfig(max_num_seqs=3), "/m", 8123)
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-    assert flag(cmd, "--scheduler-cls") == "autellix_vllm.scheduler.AutellixScheduler"
+    assert flag(cmd, "--scheduler-cls") == "autellix_vllm.engine.scheduler.AutellixScheduler"
     assert flag(cmd, "--scheduling-policy") == "priority"
-    assert flag(cmd, "--middleware") == "autellix_vllm.middleware.IdentityMiddleware"
+    assert flag(cmd, "--middleware") == "autellix_vllm.engine.middleware.IdentityMiddleware"
     assert flag(cmd, "--load-format") == "dummy"
     assert flag(cmd, "--dtype") == "float32"
     assert flag(cmd, "--max-num-seqs") == "3"
@@ -30,7 +30,12 @@ def test_fcfs_baseline_is_stock_vllm_with_the_same_flags():
     fcfs = launcher.server_command(EngineConfig(scheduler="fcfs"), "/m", 1)
     assert "--scheduler-cls" not in fcfs
     assert flag(fcfs, "--scheduling-policy") == "fcfs"
-    strip = {"--scheduler-cls", "autellix_vllm.scheduler.AutellixScheduler", "priority", "fcfs"}
+    strip = {
+        "--scheduler-cls",
+        "autellix_vllm.engine.scheduler.AutellixScheduler",
+        "priority",
+        "fcfs",
+    }
     assert [a for a in autellix if a not in strip] == [a for a in fcfs if a not in strip]
 
 
@@ -40,7 +45,7 @@ def test_gpu_with_an_explicit_model_uses_the_async_scheduler_and_no_cpu_settings
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     config = EngineConfig(model="/models/llama", device="gpu", extra_args=["--foo", "1"])
     cmd = launcher.server_command(config, "/models/llama", 1)
-    assert flag(cmd, "--scheduler-cls") == "autellix_vllm.scheduler.AutellixAsyncScheduler"
+    assert flag(cmd, "--scheduler-cls") == "autellix_vllm.engine.scheduler.AutellixAsyncScheduler"
     assert "--load-format" not in cmd and "--enforce-eager" not in cmd
     assert cmd[-2:] == ["--foo", "1"]
     env = launcher.server_environment(config)

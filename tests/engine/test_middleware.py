@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from autellix_vllm.middleware import IdentityMiddleware
+from autellix_vllm.engine.middleware import IdentityMiddleware
 
 
 class RecordingApp:

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from autellix_vllm.scheduler import ANONYMOUS_PREFIX  # noqa: E402
+from autellix_vllm.engine.scheduler import ANONYMOUS_PREFIX  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 SMALL_LEVELS = {"AUTELLIX_LEVELS": "0,4,8"}
@@ -272,7 +272,7 @@ class FakeRequest:
 
 
 def queue_with_calls(*ids):
-    from autellix_vllm.scheduler import ProgramRequestQueue, core_from_env
+    from autellix_vllm.engine.scheduler import ProgramRequestQueue, core_from_env
 
     core = core_from_env({})
     calls = {}

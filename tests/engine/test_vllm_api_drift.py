@@ -1,6 +1,6 @@
 """Fails loudly when the vLLM internals autellix relies on change shape.
 
-Everything checked here is private vLLM API used by ``autellix_vllm._vllm_adapter``
+Everything checked here is private vLLM API used by ``autellix_vllm.engine._vllm_adapter``
 (and through it by the scheduler and the plugins). When one of these fails after
 a vLLM upgrade, re-read the named vLLM source before touching the assertion.
 """
@@ -11,7 +11,7 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
-from autellix_vllm import _vllm_adapter as adapter  # noqa: E402
+from autellix_vllm.engine import _vllm_adapter as adapter  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.request_queue import RequestQueue  # noqa: E402
@@ -141,7 +141,7 @@ def test_engine_core_runs_utility_methods_by_name():
 
 
 def test_endpoint_plugin_matches_vllms_protocol():
-    from autellix_vllm.endpoint_plugin import AutellixEndpointPlugin
+    from autellix_vllm.engine.endpoint_plugin import AutellixEndpointPlugin
     from vllm.plugins.endpoint_plugins.interface import EndpointPlugin
 
     assert isinstance(AutellixEndpointPlugin(), EndpointPlugin)
@@ -149,13 +149,13 @@ def test_endpoint_plugin_matches_vllms_protocol():
 
 
 def test_general_plugin_installs_engine_core_methods_idempotently():
-    from autellix_vllm import engine_plugin
+    from autellix_vllm.engine import general_plugin
     from vllm.v1.engine.core import EngineCore
 
-    engine_plugin.register()
-    engine_plugin.register()
-    assert EngineCore.autellix_table is engine_plugin.engine_table
-    assert EngineCore.autellix_end_program is engine_plugin.engine_end_program
+    general_plugin.register()
+    general_plugin.register()
+    assert EngineCore.autellix_table is general_plugin.engine_table
+    assert EngineCore.autellix_end_program is general_plugin.engine_end_program
 
 
 def test_middleware_classes_are_added_without_arguments():

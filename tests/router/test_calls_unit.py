@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from autellix_vllm.cli.ps import format_table, human_duration
 from autellix_vllm.policy.config import ServiceMeter
-from autellix_vllm.ps_cli import format_table, human_duration
 from autellix_vllm.router.calls import estimate_prompt_tokens, read_call
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.usage import SseRelay, service_from_usage

@@ -29,12 +29,12 @@ def test_bad_command_lines_end_with_one_line_and_code_2(arguments):
 def serve_args(*arguments: str):
     from autellix_vllm.cli import build_parser
 
-    return build_parser({"serve": "autellix_vllm.serve_cli"}).parse_args(["serve", *arguments])
+    return build_parser({"serve": "autellix_vllm.cli.serve"}).parse_args(["serve", *arguments])
 
 
 def test_one_engine_per_gpu_by_default_and_tensor_parallel_groups(monkeypatch, tmp_path):
     from autellix_vllm.cli import UsageError
-    from autellix_vllm.serve_cli import plan_engines
+    from autellix_vllm.cli.serve import plan_engines
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     gpu = ["--device", "gpu", "--model", str(tmp_path)]

@@ -10,7 +10,7 @@ import aiohttp
 import autellix
 import openai
 import pytest
-from autellix_vllm.launcher import free_port
+from autellix_vllm.engine.launcher import free_port
 from autellix_vllm.policy.config import ServiceMeter
 
 pytestmark = pytest.mark.engine

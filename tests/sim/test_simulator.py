@@ -7,7 +7,7 @@ import sys
 import pytest
 from autellix_vllm.policy import Levels, PolicyConfig, ServiceMeter
 from autellix_vllm.sim import SIM_POLICIES, CallSpec, ProgramSpec, generate, simulate
-from autellix_vllm.sim.trace import TraceError, load_trace, write_trace
+from autellix_vllm.workloads.trace import TraceError, load_trace, write_trace
 
 
 def chain(pid: str, steps: list[int]) -> ProgramSpec:

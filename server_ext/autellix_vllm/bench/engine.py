@@ -39,10 +39,10 @@ from typing import Any
 
 import aiohttp
 
-from autellix_vllm.launcher import EngineConfig, EngineProcess, start_all, stop_all
+from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.policy import PolicyConfig
-from autellix_vllm.sim.trace import CallSpec, ProgramSpec
-from autellix_vllm.sim.workloads import at_rate, generate
+from autellix_vllm.workloads import at_rate, generate
+from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
 
 # Characters the tiny model's tokenizer has (one token each).
 _TEXT = string.ascii_lowercase + "      .,"

@@ -1,6 +1,6 @@
 """Scheduler overhead: what the Autellix scheduler adds to each ``schedule()``.
 
-Model-free (see ``_vllm_adapter.model_free_scheduler``): the same requests go
+Model-free (see ``autellix_vllm.engine.testing``): the same requests go
 through stock vLLM's scheduler (FCFS, vLLM's default) and through
 ``AutellixScheduler``, and every step is timed. The batch is full (``running``
 calls decoding) and ``waiting`` calls queue behind it, from programs at worse
@@ -26,12 +26,13 @@ def measure(
 ) -> dict[str, Any]:
     """Time ``steps`` steps of both schedulers, alternating step by step so that
     background load on the machine hits both alike."""
-    from autellix_vllm import _vllm_adapter as adapter
-    from autellix_vllm.scheduler import AutellixScheduler
+    from autellix_vllm.engine import _vllm_adapter as adapter
+    from autellix_vllm.engine import testing
+    from autellix_vllm.engine.scheduler import AutellixScheduler
 
-    model_dir = adapter.write_config_only_model(Path(tempfile.mkdtemp()) / "model")
+    model_dir = testing.write_config_only_model(Path(tempfile.mkdtemp()) / "model")
     schedulers = {
-        name: adapter.model_free_scheduler(
+        name: testing.model_free_scheduler(
             cls,
             model_dir,
             max_num_seqs=running,
@@ -47,7 +48,7 @@ def measure(
         )
     }
     for scheduler in schedulers.values():
-        _fill(adapter, scheduler, running, waiting, warmup)
+        _fill(scheduler, running, waiting, warmup)
     schedule_s: dict[str, list[float]] = {name: [] for name in schedulers}
     step_s: dict[str, list[float]] = {name: [] for name in schedulers}
     for _ in range(steps):
@@ -55,7 +56,7 @@ def measure(
             start = time.perf_counter()
             output = scheduler.schedule()
             scheduled = time.perf_counter()
-            adapter.finish_step(scheduler, output)
+            testing.finish_step(scheduler, output)
             done = time.perf_counter()
             assert not output.preempted_req_ids and len(output.num_scheduled_tokens) == running
             schedule_s[name].append(scheduled - start)
@@ -73,13 +74,14 @@ def measure(
     return result
 
 
-def _fill(adapter: Any, scheduler: Any, running: int, waiting: int, warmup: int) -> None:
+def _fill(scheduler: Any, running: int, waiting: int, warmup: int) -> None:
     """A full batch of fresh programs, then ``waiting`` calls of older programs."""
+    from autellix_vllm.engine import testing
 
     def add(i: int, prior_service: float) -> None:
         xargs = {"autellix_program_id": f"p{i}", "autellix_prior_service": prior_service}
         scheduler.add_request(
-            adapter.new_request(
+            testing.new_request(
                 f"r{i}",
                 [1 + i % 90] * PROMPT_TOKENS,
                 max_tokens=4000 - PROMPT_TOKENS,
@@ -92,7 +94,7 @@ def _fill(adapter: Any, scheduler: Any, running: int, waiting: int, warmup: int)
     for i in range(running):  # fresh programs: the best level
         add(i, 0.0)
     for _ in range(warmup):  # admit and prefill them
-        adapter.finish_step(scheduler, scheduler.schedule())
+        testing.finish_step(scheduler, scheduler.schedule())
     assert len(scheduler.running) == running, "the batch did not fill"
     for i in range(running, running + waiting):  # programs with history: worse levels
         add(i, 1000.0 * (1 + i % 5))

@@ -44,8 +44,8 @@ from autellix_vllm.bench.engine import (
     summarize,
 )
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
-from autellix_vllm.launcher import EngineProcess, start_all, stop_all
-from autellix_vllm.sim.trace import ProgramSpec
+from autellix_vllm.engine.launcher import EngineProcess, start_all, stop_all
+from autellix_vllm.workloads.trace import ProgramSpec
 
 POLICIES = ("round-robin", "locality")
 _PREFIX_CACHE = re.compile(r"^vllm:prefix_cache_(queries|hits)_total(?:\{[^}]*\})? (\S+)$", re.M)

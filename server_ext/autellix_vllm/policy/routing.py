@@ -28,8 +28,16 @@ class EngineLoad:
 
 @dataclass(frozen=True)
 class Route:
+    """The engine a balancer chose, and whether that ties the program to it.
+
+    ``binds`` says the program should keep going to this engine (its KV lives
+    there): the router records the binding and rebinds the program when the
+    engine leaves rotation. ``reason`` is for metrics only.
+    """
+
     index: int
     reason: str  # "sticky", "least-loaded", "bind", "round-robin", "hash"
+    binds: bool = False
 
 
 class Balancer(ABC):
@@ -90,10 +98,10 @@ class Locality(Balancer):
         if bound is not None:
             for i, engine in enumerate(engines):
                 if engine.name == bound:
-                    return Route(i, "sticky")
+                    return Route(i, "sticky", binds=True)
         index = least_loaded(engines)
         self.bindings[program_id] = engines[index].name
-        return Route(index, "bind")
+        return Route(index, "bind", binds=True)
 
     def forget(self, program_id: str) -> None:
         self.bindings.pop(program_id, None)
@@ -115,7 +123,7 @@ class ConsistentHash(Balancer):
         if names != self._ring_for:
             self._build(names)
         i = bisect.bisect(self._points, _hash(program_id)) % len(self._points)
-        return Route(names.index(self._owners[i]), "hash")
+        return Route(names.index(self._owners[i]), "hash", binds=True)
 
     def _build(self, names: tuple[str, ...]) -> None:
         ring = sorted((_hash(f"{n}#{v}"), n) for n in names for v in range(self._VNODES))

@@ -1,6 +1,6 @@
 """Reading one OpenAI call: its JSON body, model, program identity and prompt size.
 
-Identity is read exactly as the engines read it (:mod:`autellix_vllm.identity`):
+Identity is read exactly as the engines read it (:mod:`autellix_vllm.protocol`):
 the ``X-Autellix-*`` headers, else the body's ``vllm_xargs`` keys; the program
 id falls back to ``X-Session-ID``. A malformed value is a 400 here, before any
 engine sees the call.
@@ -21,7 +21,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autellix_vllm.identity import (
+from autellix_vllm.protocol import (
     CALL_ID,
     HEADER_TO_KEY,
     PROGRAM_ID,

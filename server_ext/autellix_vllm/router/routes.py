@@ -23,7 +23,7 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from autellix_vllm.identity import IdentityError, validate_id
+from autellix_vllm.protocol import IdentityError, validate_id
 from autellix_vllm.router.calls import GENERATION_PATHS, parse_json_object, read_call
 from autellix_vllm.router.engines import END_PROGRAM_PATH
 from autellix_vllm.router.errors import ApiError

@@ -1,9 +1,8 @@
 """A discrete-event simulator of continuous-batching engines that drives the
 same policy objects as the vLLM scheduler (``autellix simulate``)."""
 
+from ..workloads import WORKLOADS, CallSpec, ProgramSpec, TraceError, generate, load_trace
 from .run import SIM_POLICIES, SimResult, simulate
-from .trace import CallSpec, ProgramSpec, TraceError, load_trace
-from .workloads import WORKLOADS, generate
 
 __all__ = [
     "SIM_POLICIES",

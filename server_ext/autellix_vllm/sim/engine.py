@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..policy import Call, ProgramScheduler
+from ..workloads.trace import CallSpec
 from .presets import EnginePreset
-from .trace import CallSpec
 
 
 @dataclass(eq=False)

