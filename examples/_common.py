@@ -31,9 +31,9 @@ from typing import Any, NoReturn
 import autellix
 import openai
 from autellix import AsyncOpenAI
+from autellix._programs_api import programs_url
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
-PROGRAMS_PATH = "/autellix/v1/programs"
 # Context assumed when the server does not say (vLLM lists max_model_len per model).
 DEFAULT_CONTEXT_TOKENS = 8192
 
@@ -98,9 +98,8 @@ class Endpoint:
         program_id = autellix.current_program()
         if program_id is None or not self._has_program_table:
             return None
-        root = str(self.client.base_url).rstrip("/").removesuffix("/v1")
         try:
-            table = await self.client.get(root + PROGRAMS_PATH, cast_to=object)
+            table = await self.client.get(programs_url(self.client), cast_to=object)
         except openai.NotFoundError:
             self._has_program_table = False  # a plain OpenAI-compatible server
             return None

@@ -1,11 +1,15 @@
-"""Who a call belongs to: the identity headers, their validation, and the
-``vllm_xargs`` keys the engine's scheduler reads.
+"""The wire contract between the SDK, the router and the engines.
 
-Pure functions, no web framework: the engine's middleware and the router
-share them, so both accept and reject exactly the same requests.
+One place for what travels on the wire: the identity headers and the
+``vllm_xargs`` keys they become, how identity is read and validated, the API
+paths, and the error body. Pure functions, no web framework: the engine's
+middleware and the router read identity through :func:`read_identity`, so both
+accept and reject exactly the same requests. The SDK (``autellix``) keeps its
+own copies of the header names and paths, since it must work without this
+package; ``tests/test_protocol.py`` checks that they match.
 
-Wire format (the SDK sends the headers; a client may instead put the flat
-keys straight into the body's ``vllm_xargs``):
+Identity (the SDK sends the headers; a client may instead put the flat keys
+straight into the body's ``vllm_xargs``):
 
 =============================== ============================== ===========
 header                          ``vllm_xargs`` key             value
@@ -15,13 +19,22 @@ header                          ``vllm_xargs`` key             value
 ``X-Autellix-Parent-Thread-Id`` ``autellix_parent_thread_id``  id
 ``X-Autellix-Call-Id``          ``autellix_call_id``           id
 ``X-Autellix-Prior-Service``    ``autellix_prior_service``     float >= 0
+``X-Session-ID``                (body ``session_id``)          id
 =============================== ============================== ===========
 
 An id is 1 to 128 characters with no control characters; only the parent
-thread header may be empty, which means the main thread (no parent). Headers take
-precedence over keys already in the body: the headers are what the SDK and the
-router set on every call, while a body key may be stale user data copied from
-an earlier request. Body keys without a matching header are kept as they are.
+thread header may be empty, which means the main thread (no parent).
+
+Precedence, per part: header, then the body's ``vllm_xargs`` key. The headers
+are what the SDK and the router set on every call, while a body key may be
+stale user data copied from an earlier request. A call without a program id
+belongs to its session id (``X-Session-ID``, else the body's ``session_id``).
+
+Paths: the OpenAI generation endpoints (:data:`GENERATION_PATHS`), the
+router's program and engine API (:data:`PROGRAMS_PATH`, :data:`ENGINES_PATH`)
+and each engine's own (:data:`ENGINE_TABLE_PATH`, :data:`ENGINE_PROGRAM_PATH`).
+
+Errors: OpenAI's shape, :func:`error_body`, from the router and the engines alike.
 """
 
 from __future__ import annotations
@@ -29,11 +42,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-MAX_ID_LENGTH = 128
+# ---- identity: headers and vllm_xargs keys ------------------------------------------
+
+PROGRAM_ID_HEADER = "X-Autellix-Program-Id"
+THREAD_ID_HEADER = "X-Autellix-Thread-Id"
+PARENT_THREAD_ID_HEADER = "X-Autellix-Parent-Thread-Id"
+CALL_ID_HEADER = "X-Autellix-Call-Id"
+PRIOR_SERVICE_HEADER = "X-Autellix-Prior-Service"
+SESSION_ID_HEADER = "X-Session-ID"
+"""vLLM's own session header; the SDK sets it to the program id."""
 
 PROGRAM_ID = "autellix_program_id"
 THREAD_ID = "autellix_thread_id"
@@ -41,20 +62,53 @@ PARENT_THREAD_ID = "autellix_parent_thread_id"
 CALL_ID = "autellix_call_id"
 PRIOR_SERVICE = "autellix_prior_service"
 
-# header (lower case, as ASGI delivers it) -> vllm_xargs key
-HEADER_TO_KEY: dict[str, str] = {
-    "x-autellix-program-id": PROGRAM_ID,
-    "x-autellix-thread-id": THREAD_ID,
-    "x-autellix-parent-thread-id": PARENT_THREAD_ID,
-    "x-autellix-call-id": CALL_ID,
-    "x-autellix-prior-service": PRIOR_SERVICE,
+XARGS_FIELD = "vllm_xargs"
+SESSION_ID_FIELD = "session_id"
+
+# vllm_xargs key -> its header, as spelled on the wire.
+KEY_TO_HEADER: dict[str, str] = {
+    PROGRAM_ID: PROGRAM_ID_HEADER,
+    THREAD_ID: THREAD_ID_HEADER,
+    PARENT_THREAD_ID: PARENT_THREAD_ID_HEADER,
+    CALL_ID: CALL_ID_HEADER,
+    PRIOR_SERVICE: PRIOR_SERVICE_HEADER,
 }
-KEY_TO_HEADER: dict[str, str] = {key: header for header, key in HEADER_TO_KEY.items()}
-ID_KEYS = (PROGRAM_ID, THREAD_ID, PARENT_THREAD_ID, CALL_ID)
+# Header in lower case (as ASGI delivers it) -> vllm_xargs key.
+HEADER_TO_KEY: dict[str, str] = {header.lower(): key for key, header in KEY_TO_HEADER.items()}
+
+MAX_ID_LENGTH = 128
+
+# ---- paths ------------------------------------------------------------------------
+
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+RESPONSES_PATH = "/v1/responses"
+# The calls that carry an identity: the OpenAI generation endpoints, the ones the
+# SDK's OpenAI client makes and the router proxies and meters (it reads OpenAI's
+# usage). The engine's middleware tags exactly these, so a call is scheduled as
+# part of its program on the same endpoints whether it comes through the router
+# or straight to an engine. vLLM's Anthropic ``/v1/messages`` is not among them.
+GENERATION_PATHS = (CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, RESPONSES_PATH)
+
+PROGRAMS_PATH = "/autellix/v1/programs"
+"""Router: ``POST`` opens a program, ``GET`` is the global process table."""
+PROGRAM_PATH = PROGRAMS_PATH + "/{program_id}"
+"""Router: ``DELETE`` ends a program, there and on its engines."""
+ENGINES_PATH = "/autellix/v1/engines"
+"""Router: the engines, their health and load."""
+ENGINE_TABLE_PATH = "/autellix/v1/engine/table"
+"""Engine: its process table."""
+ENGINE_PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
+"""Engine: ``DELETE`` ends a program there."""
+
+# ---- identity: reading and validation ---------------------------------------------
 
 
 class IdentityError(ValueError):
     """A malformed identity value; ``param`` names the offending header or key."""
+
+    code = "invalid_identity"
+    """The error code the router and the engines answer it with (status 400)."""
 
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
@@ -70,6 +124,17 @@ class CallIdentity:
     parent_thread_id: str | None = None
     call_id: str | None = None
     prior_service: float | None = None
+
+    def as_xargs(self) -> dict[str, str | float]:
+        """The ``vllm_xargs`` keys of the parts that are set."""
+        parts = {
+            PROGRAM_ID: self.program_id,
+            THREAD_ID: self.thread_id,
+            PARENT_THREAD_ID: self.parent_thread_id,
+            CALL_ID: self.call_id,
+            PRIOR_SERVICE: self.prior_service,
+        }
+        return {key: value for key, value in parts.items() if value is not None}
 
 
 def validate_id(value: object, param: str) -> str:
@@ -99,77 +164,109 @@ def validate_service(value: object, param: str) -> float:
     return service
 
 
-def _validate(key: str, value: object, param: str) -> str | float:
-    if key == PRIOR_SERVICE:
-        return validate_service(value, param)
-    return validate_id(value, param)
+def read_identity(
+    headers: Iterable[tuple[str, str]] = (),
+    xargs: object = None,
+    session_id: object = None,
+    *,
+    strict: bool = True,
+) -> CallIdentity:
+    """The identity of one call, from every place it may travel.
 
+    ``headers``: the request's (name, value) pairs, names matched
+    case-insensitively; the ``X-Autellix-*`` ones and ``X-Session-ID`` are read.
+    ``xargs``: the body's ``vllm_xargs`` (ignored unless a dict: a malformed
+    ``vllm_xargs`` is for vLLM to reject). ``session_id``: the body's
+    ``session_id``, used when ``X-Session-ID`` is absent.
 
-def xargs_from_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str | float]:
-    """The ``vllm_xargs`` keys carried by the identity headers among ``headers``.
-
-    ``headers`` are (name, value) pairs; names match case-insensitively.
-    Raises :class:`IdentityError` for a malformed value.
+    Strict (the router, the engine's middleware): every identity value present
+    must be well-formed, even one that a header overrides, else
+    :class:`IdentityError` names it. Lenient (inside the engine's scheduler,
+    where a bad value must never fail a call): a malformed value counts as
+    missing, and the next place in the precedence is used.
     """
-    xargs: dict[str, str | float] = {}
+    read = _strict if strict else _lenient
+    from_headers = _identity_headers(headers)
+    from_body = xargs if isinstance(xargs, Mapping) else {}
+
+    def part(key: str, validate: Callable[[object, str], T]) -> T | None:
+        """The header's value, else the body key's; each one present is read."""
+        header = None
+        if key in from_headers:
+            header = read(validate, from_headers[key], KEY_TO_HEADER[key])
+        body = None
+        if key in from_body:
+            body = read(validate, from_body[key], f"{XARGS_FIELD}.{key}")
+        return header if header is not None else body
+
+    program_id = part(PROGRAM_ID, validate_id)
+    thread_id = part(THREAD_ID, validate_id)
+    parent_thread_id = part(PARENT_THREAD_ID, validate_id)
+    call_id = part(CALL_ID, validate_id)
+    prior_service = part(PRIOR_SERVICE, validate_service)
+    header_session_id = None
+    if SESSION_ID_HEADER in from_headers:
+        header_session_id = read(validate_id, from_headers[SESSION_ID_HEADER], SESSION_ID_HEADER)
+    body_session_id = None
+    if session_id is not None:
+        body_session_id = read(validate_id, session_id, SESSION_ID_FIELD)
+    return CallIdentity(
+        program_id=program_id or header_session_id or body_session_id,
+        thread_id=thread_id,
+        parent_thread_id=parent_thread_id,
+        call_id=call_id,
+        prior_service=prior_service,
+    )
+
+
+def _identity_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """The identity headers among ``headers``: the ``vllm_xargs`` key (``X-Session-ID``
+    for that header) -> the value without surrounding whitespace.
+
+    The one place header values are read, so one decoding rule serves them all.
+    An empty parent thread header is left out: a main thread's calls send it
+    empty, meaning no parent.
+    """
+    found: dict[str, str] = {}
     for name, value in headers:
-        key = HEADER_TO_KEY.get(name.lower())
+        name = name.lower()
+        key = SESSION_ID_HEADER if name == SESSION_ID_HEADER.lower() else HEADER_TO_KEY.get(name)
         if key is None:
             continue
         value = value.strip()
         if key == PARENT_THREAD_ID and not value:
-            continue  # a main thread's calls send an empty parent: no parent
-        xargs[key] = _validate(key, value, _header_name(key))
-    return xargs
+            continue
+        found[key] = value
+    return found
 
 
-def validate_xargs(xargs: Mapping[str, object]) -> None:
-    """Check the identity keys a client put in the body itself."""
-    for key in HEADER_TO_KEY.values():
-        if key in xargs:
-            _validate(key, xargs[key], f"vllm_xargs.{key}")
+def _strict(validate: Callable[[object, str], T], value: object, param: str) -> T:
+    return validate(value, param)
 
 
-def merge_into_xargs(
-    body_xargs: Mapping[str, object] | None, header_xargs: Mapping[str, str | float]
-) -> dict[str, object]:
-    """The body's ``vllm_xargs`` with the header values laid over it (headers win)."""
-    merged = dict(body_xargs or {})
-    merged.update(header_xargs)
-    return merged
-
-
-def identity_from_xargs(
-    extra_args: Mapping[str, object] | None, session_id: str | None = None
-) -> CallIdentity:
-    """The identity the scheduler uses. The program id falls back to the session id.
-
-    Lenient by design: inside the engine a bad value must never fail a call, so
-    an invalid entry counts as missing (the HTTP layer already rejected
-    malformed values before the request got here).
-    """
-    extra_args = extra_args or {}
-    program_id = _lenient(validate_id, extra_args.get(PROGRAM_ID))
-    if program_id is None:
-        program_id = _lenient(validate_id, session_id)
-    return CallIdentity(
-        program_id=program_id,
-        thread_id=_lenient(validate_id, extra_args.get(THREAD_ID)),
-        parent_thread_id=_lenient(validate_id, extra_args.get(PARENT_THREAD_ID)),
-        call_id=_lenient(validate_id, extra_args.get(CALL_ID)),
-        prior_service=_lenient(validate_service, extra_args.get(PRIOR_SERVICE)),
-    )
-
-
-def _lenient(validate: Callable[[object, str], T], value: object) -> T | None:
-    if value is None:
-        return None
+def _lenient(validate: Callable[[object, str], T], value: object, param: str) -> T | None:
     try:
-        return validate(value, "")
+        return validate(value, param)
     except IdentityError:
         return None
 
 
-def _header_name(key: str) -> str:
-    """The header's canonical spelling, for error messages."""
-    return "-".join(part.capitalize() for part in KEY_TO_HEADER[key].split("-"))
+# ---- errors -----------------------------------------------------------------------
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error ``type`` for an HTTP status."""
+    if status == 401:
+        return "authentication_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``.
+
+    ``code`` is a short machine-readable name such as ``invalid_identity`` or
+    ``model_not_found``; ``param`` names the offending parameter, if any.
+    """
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}

@@ -94,7 +94,8 @@ async def test_ending_a_program_removes_it(engine, client):
             assert await response.json() == {"program_id": pid, "ended": True}
         async with http.delete(url) as response:
             assert response.status == 404
-            assert (await response.json())["error"]["param"] == "program_id"
+            error = (await response.json())["error"]
+            assert (error["param"], error["code"]) == ("program_id", "program_not_found")
     assert find(await get_table(engine), pid) is None
 
 
@@ -120,6 +121,7 @@ async def test_malformed_identity_headers_get_an_openai_400(engine, client, head
     assert info.value.status_code == 400
     error = info.value.body
     assert error["type"] == "invalid_request_error" and error["param"] == header
+    assert error["code"] == "invalid_identity"
     assert find(await get_table(engine), pid) is None  # never reached the engine
 
 

@@ -1,23 +1,21 @@
-"""Identity headers -> vllm_xargs: parsing, validation and precedence (no vLLM needed)."""
+"""Reading a call's identity: headers, body keys, session id; strict and lenient (no vLLM)."""
 
 import math
 
 import pytest
 from autellix_vllm.protocol import (
     CALL_ID,
+    PARENT_THREAD_ID,
     PRIOR_SERVICE,
     PROGRAM_ID,
     THREAD_ID,
     CallIdentity,
     IdentityError,
-    identity_from_xargs,
-    merge_into_xargs,
-    validate_xargs,
-    xargs_from_headers,
+    read_identity,
 )
 
 
-def test_headers_map_to_flat_keys_case_insensitively():
+def test_headers_are_read_case_insensitively():
     headers = [
         ("X-Autellix-Program-Id", "p1"),
         ("x-autellix-thread-id", "t1"),
@@ -26,22 +24,17 @@ def test_headers_map_to_flat_keys_case_insensitively():
         ("X-Autellix-Prior-Service", " 12.5 "),
         ("Content-Type", "application/json"),
     ]
-    assert xargs_from_headers(headers) == {
-        "autellix_program_id": "p1",
-        "autellix_thread_id": "t1",
-        "autellix_parent_thread_id": "main",
-        "autellix_call_id": "c1",
-        "autellix_prior_service": 12.5,
-    }
+    assert read_identity(headers) == CallIdentity("p1", "t1", "main", "c1", 12.5)
 
 
 def test_empty_parent_header_means_the_main_thread():
     headers = [("X-Autellix-Thread-Id", "main"), ("X-Autellix-Parent-Thread-Id", "")]
-    assert xargs_from_headers(headers) == {"autellix_thread_id": "main"}
+    assert read_identity(headers) == CallIdentity(thread_id="main")
 
 
-def test_no_identity_headers_gives_nothing():
-    assert xargs_from_headers([("Authorization", "Bearer x")]) == {}
+def test_nothing_given_is_no_identity():
+    assert read_identity([("Authorization", "Bearer x")], {"unrelated": 1}) == CallIdentity()
+    assert read_identity() == CallIdentity()
 
 
 @pytest.mark.parametrize(
@@ -54,43 +47,67 @@ def test_no_identity_headers_gives_nothing():
         ("X-Autellix-Program-Id", "p" * 129, "limit is 128"),
         ("X-Autellix-Thread-Id", "a\x01b", "control character"),
         ("X-Autellix-Call-Id", "", "must not be empty"),
+        ("X-Session-ID", " ", "must not be empty"),
     ],
 )
 def test_malformed_header_is_rejected_naming_the_header(header, value, message):
     with pytest.raises(IdentityError, match=message) as info:
-        xargs_from_headers([(header, value)])
+        read_identity([(header.lower(), value)])
     assert info.value.param == header
+    assert info.value.code == "invalid_identity"
 
 
 def test_id_of_exactly_128_characters_is_accepted():
-    assert xargs_from_headers([("X-Autellix-Program-Id", "p" * 128)])[PROGRAM_ID] == "p" * 128
+    assert read_identity([("X-Autellix-Program-Id", "p" * 128)]).program_id == "p" * 128
 
 
-def test_headers_win_over_body_keys_and_other_body_keys_are_kept():
-    body = {PROGRAM_ID: "stale", "session_id": "s", "temperature_hint": 3}
-    merged = merge_into_xargs(body, {PROGRAM_ID: "fresh", CALL_ID: "c9"})
-    assert merged == {PROGRAM_ID: "fresh", CALL_ID: "c9", "session_id": "s", "temperature_hint": 3}
-    assert body[PROGRAM_ID] == "stale"  # the input is not mutated
+def test_precedence_is_header_then_body_key_then_session_id():
+    xargs = {PROGRAM_ID: "body", CALL_ID: "body-call", "other": [1]}
+    header = [("X-Autellix-Program-Id", "header"), ("X-Session-ID", "session-header")]
+    assert read_identity(header, xargs, "session-body").program_id == "header"
+    from_body = read_identity([("X-Session-ID", "session-header")], xargs, "session-body")
+    assert (from_body.program_id, from_body.call_id) == ("body", "body-call")
+    assert read_identity([("X-Session-ID", "s")], {}, "session-body").program_id == "s"
+    assert read_identity([], None, "session-body").program_id == "session-body"
 
 
-def test_body_keys_are_validated_too():
-    validate_xargs({PROGRAM_ID: "ok", PRIOR_SERVICE: 3, "unrelated": [1, 2]})
+def test_body_keys_are_validated_naming_the_key():
+    read_identity([], {PROGRAM_ID: "ok", PRIOR_SERVICE: 3, "unrelated": [1, 2]})
     with pytest.raises(IdentityError) as info:
-        validate_xargs({PRIOR_SERVICE: True})
+        read_identity([], {PRIOR_SERVICE: True})
     assert info.value.param == f"vllm_xargs.{PRIOR_SERVICE}"
     with pytest.raises(IdentityError):
-        validate_xargs({THREAD_ID: 7})
+        read_identity([], {THREAD_ID: 7})
+    with pytest.raises(IdentityError) as info:
+        read_identity([], {}, 42)
+    assert info.value.param == "session_id"
 
 
-def test_engine_side_identity_falls_back_to_session_id():
-    assert identity_from_xargs(None, "sess") == CallIdentity(program_id="sess")
-    assert identity_from_xargs({PROGRAM_ID: "p"}, "sess").program_id == "p"
-    assert identity_from_xargs({}, None) == CallIdentity()
+def test_strict_rejects_a_malformed_value_even_where_a_header_overrides_it():
+    with pytest.raises(IdentityError) as info:
+        read_identity([("X-Autellix-Call-Id", "c")], {CALL_ID: "x" * 200})
+    assert info.value.param == f"vllm_xargs.{CALL_ID}"
 
 
-def test_engine_side_identity_ignores_invalid_values_instead_of_failing():
-    identity = identity_from_xargs(
-        {PROGRAM_ID: "x" * 500, THREAD_ID: "t", PRIOR_SERVICE: -4, CALL_ID: 5}, "sess"
+def test_a_vllm_xargs_that_is_not_a_dict_is_left_to_vllm():
+    assert read_identity([], ["not", "a", "dict"], "s") == CallIdentity(program_id="s")
+
+
+def test_lenient_counts_a_malformed_value_as_missing():
+    identity = read_identity(
+        [],
+        {PROGRAM_ID: "x" * 500, THREAD_ID: "t", PRIOR_SERVICE: -4, CALL_ID: 5},
+        "sess",
+        strict=False,
     )
     assert identity == CallIdentity(program_id="sess", thread_id="t")
-    assert math.isclose(identity_from_xargs({PRIOR_SERVICE: "2.5"}).prior_service, 2.5)
+    header = [("X-Autellix-Thread-Id", "bad\x00"), ("X-Session-ID", "")]
+    fallback = read_identity(header, {THREAD_ID: "t2"}, "sess", strict=False)
+    assert (fallback.thread_id, fallback.program_id) == ("t2", "sess")
+    service = read_identity([], {PRIOR_SERVICE: "2.5"}, strict=False).prior_service
+    assert math.isclose(service, 2.5)
+
+
+def test_as_xargs_has_the_parts_that_are_set():
+    identity = CallIdentity(program_id="p", parent_thread_id="main", prior_service=0.0)
+    assert identity.as_xargs() == {PROGRAM_ID: "p", PARENT_THREAD_ID: "main", PRIOR_SERVICE: 0.0}

@@ -99,9 +99,26 @@ async def test_malformed_header_gets_openai_400_and_is_not_forwarded(app, inner)
     error = json.loads(content)["error"]
     assert error["type"] == "invalid_request_error"
     assert error["param"] == "X-Autellix-Prior-Service"
-    assert error["code"] == 400
+    assert error["code"] == "invalid_identity"
     assert ">= 0" in error["message"]
     assert inner.calls == []
+
+
+async def test_the_session_id_becomes_the_program_id_the_scheduler_reads(app, inner):
+    await call(app, json.dumps(BODY).encode(), [("X-Session-ID", "from-header")])
+    body = {**BODY, "session_id": "from-body"}
+    await call(app, json.dumps(body).encode())
+    forwarded = [json.loads(raw)["vllm_xargs"] for _, raw in inner.calls]
+    assert forwarded == [
+        {"autellix_program_id": "from-header"},
+        {"autellix_program_id": "from-body"},
+    ]
+
+
+async def test_body_already_holding_its_identity_passes_through_byte_for_byte(app, inner):
+    raw = json.dumps({**BODY, "vllm_xargs": {"autellix_program_id": "p"}}).encode()
+    await call(app, raw, [("X-Autellix-Program-Id", "p")])
+    assert inner.calls[0][1] == raw
 
 
 async def test_malformed_body_identity_gets_400(app, inner):
@@ -121,3 +138,5 @@ async def test_other_paths_and_unparsable_bodies_are_left_to_vllm(app, inner):
     status, _ = await call(app, b"", header, path="/health", method="GET")
     assert status == 200
     assert [body for _, body in inner.calls] == [b'{"x": 1}', b"not json", b""]
+    status, _ = await call(app, b"not json", header)  # a malformed header is still a 400
+    assert status == 400

@@ -55,6 +55,11 @@ def test_malformed_identity_headers_are_400(headers, param):
 def test_malformed_identity_in_the_body_is_400():
     error = api_error({"model": "m", "vllm_xargs": {"autellix_program_id": 5}})
     assert error.param == "vllm_xargs.autellix_program_id"
+    assert api_error({"model": "m", "session_id": ""}).param == "session_id"
+    # As on the engines: a malformed body value is refused even where a header wins.
+    body = {"model": "m", "vllm_xargs": {"autellix_call_id": "x" * 200}}
+    error = api_error(body, {"X-Autellix-Call-Id": "c1"})
+    assert (error.code, error.param) == ("invalid_identity", "vllm_xargs.autellix_call_id")
 
 
 def test_identity_comes_from_headers_then_body_then_session():

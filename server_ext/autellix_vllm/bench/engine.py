@@ -41,6 +41,7 @@ import aiohttp
 
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.policy import PolicyConfig
+from autellix_vllm.protocol import COMPLETIONS_PATH, ENGINE_TABLE_PATH
 from autellix_vllm.workloads import at_rate, generate
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
 
@@ -178,7 +179,7 @@ async def _complete(
         "max_tokens": call.decode_tokens,
         "ignore_eos": True,
     }
-    async with http.post(f"{base_url}/v1/completions", json=body, headers=headers) as response:
+    async with http.post(base_url + COMPLETIONS_PATH, json=body, headers=headers) as response:
         answer = await response.json()
         if response.status != 200:
             raise RuntimeError(f"call {call.id} failed with HTTP {response.status}: {answer}")
@@ -211,7 +212,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 async def _table(base_url: str) -> dict[str, Any]:
     async with (
         aiohttp.ClientSession() as http,
-        http.get(f"{base_url}/autellix/v1/engine/table") as response,
+        http.get(base_url + ENGINE_TABLE_PATH) as response,
     ):
         return await response.json()
 

@@ -23,8 +23,8 @@ import urllib.request
 from typing import Any
 
 from autellix_vllm.cli import UsageError
+from autellix_vllm.protocol import PROGRAMS_PATH
 
-PROGRAMS_PATH = "/autellix/v1/programs"
 DEFAULT_URL = "http://127.0.0.1:8000"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 

@@ -29,7 +29,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from autellix_vllm.protocol import CallIdentity, identity_from_xargs
+from autellix_vllm.protocol import CallIdentity, read_identity
 
 PINNED_VLLM_VERSION = "0.32.0"
 VLLM_VERSION: str = vllm.__version__
@@ -49,10 +49,14 @@ __all__ = [
 
 
 def call_identity(request: Request) -> CallIdentity:
-    """Identity from ``vllm_xargs`` (flat ``autellix_*`` keys), else the session id."""
+    """Identity from ``vllm_xargs`` (flat ``autellix_*`` keys), else the session id.
+
+    Lenient: a malformed value counts as missing rather than failing the call
+    (the HTTP middleware has already rejected malformed values).
+    """
     params = request.sampling_params
     extra_args = params.extra_args if params is not None else None
-    return identity_from_xargs(extra_args, request.session_id)
+    return read_identity(xargs=extra_args, session_id=request.session_id, strict=False)
 
 
 def prompt_tokens(request: Request) -> int:

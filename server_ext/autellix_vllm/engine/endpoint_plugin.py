@@ -31,13 +31,19 @@ from prometheus_client.registry import Collector
 
 from autellix_vllm.engine import _vllm_adapter as adapter
 from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD, TABLE_METHOD
-from autellix_vllm.protocol import IdentityError, validate_id
+from autellix_vllm.protocol import (
+    ENGINE_PROGRAM_PATH,
+    ENGINE_TABLE_PATH,
+    IdentityError,
+    error_body,
+    validate_id,
+)
 
 logger = logging.getLogger(__name__)
 
-TABLE_PATH = "/autellix/v1/engine/table"
-PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
 REFRESH_INTERVAL_S = 1.0
+# Error code of a server started without an engine client.
+NO_ENGINE = "no_engine"
 
 # Monotonic counters of the snapshot -> (metric name, help).
 COUNTERS = {
@@ -54,9 +60,8 @@ COUNTERS = {
 }
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    body = {"message": message, "type": "invalid_request_error", "param": param, "code": status}
-    return JSONResponse({"error": body}, status_code=status)
+def error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, code, param), status_code=status)
 
 
 class TableCache:
@@ -120,25 +125,27 @@ def register_metrics() -> None:
 def build_router() -> APIRouter:
     router = APIRouter()
 
-    @router.get(TABLE_PATH)
+    @router.get(ENGINE_TABLE_PATH)
     async def get_table(request: Request) -> JSONResponse:
         engine_client = getattr(request.app.state, "autellix_engine_client", None)
         if engine_client is None:
-            return error_response(503, "no engine behind this server")
+            return error_response(503, "no engine behind this server", NO_ENGINE)
         return JSONResponse(await _cache.refresh(engine_client))
 
-    @router.delete(PROGRAM_PATH)
+    @router.delete(ENGINE_PROGRAM_PATH)
     async def end_program(program_id: str, request: Request) -> JSONResponse:
         try:
             validate_id(program_id, "program_id")
         except IdentityError as exc:
-            return error_response(400, str(exc), exc.param)
+            return error_response(400, str(exc), exc.code, exc.param)
         engine_client = getattr(request.app.state, "autellix_engine_client", None)
         if engine_client is None:
-            return error_response(503, "no engine behind this server")
+            return error_response(503, "no engine behind this server", NO_ENGINE)
         ended = await adapter.call_engine_utility(engine_client, END_PROGRAM_METHOD, program_id)
         if not ended:
-            return error_response(404, f"no program {program_id!r} in the table", "program_id")
+            return error_response(
+                404, f"no program {program_id!r} in the table", "program_not_found", "program_id"
+            )
         return JSONResponse({"program_id": program_id, "ended": True})
 
     return router

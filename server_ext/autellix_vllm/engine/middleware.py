@@ -2,10 +2,11 @@
 
 vLLM drops unknown headers before a request reaches the engine, but it passes
 the body's ``vllm_xargs`` through to ``Request.sampling_params.extra_args``.
-This middleware copies the ``X-Autellix-*`` headers into that dict (see
-:mod:`autellix_vllm.protocol` for the keys and the precedence rule), and
-answers a malformed value with an OpenAI-style HTTP 400 without forwarding
-the request.
+This middleware reads the call's identity exactly as the router does
+(:func:`autellix_vllm.protocol.read_identity`: the ``X-Autellix-*`` headers win
+over the body's keys) and writes it into that dict, where the scheduler finds
+it. A malformed value is answered with OpenAI's error body and status 400,
+without forwarding the request.
 
 Only JSON POSTs to the generation endpoints are touched; everything else, and
 any body this middleware cannot parse, passes through byte for byte so vLLM
@@ -17,14 +18,16 @@ Usage: ``--middleware autellix_vllm.engine.middleware.IdentityMiddleware``.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from autellix_vllm.protocol import (
+    GENERATION_PATHS,
+    SESSION_ID_FIELD,
+    XARGS_FIELD,
     IdentityError,
-    merge_into_xargs,
-    validate_xargs,
-    xargs_from_headers,
+    error_body,
+    read_identity,
 )
 
 Scope = MutableMapping[str, Any]
@@ -32,11 +35,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-# The endpoints whose bodies accept `vllm_xargs`.
-GENERATION_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
-)
 
 
 class IdentityMiddleware:
@@ -50,9 +48,9 @@ class IdentityMiddleware:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         body = await _read_body(receive)
         try:
-            new_body = rewrite_body(body, xargs_from_headers(headers))
+            new_body = rewrite_body(body, headers)
         except IdentityError as exc:
-            await send_openai_error(send, 400, str(exc), param=exc.param)
+            await send_openai_error(send, 400, str(exc), exc.code, exc.param)
             return
         if new_body is not body:
             scope = dict(scope)
@@ -62,46 +60,39 @@ class IdentityMiddleware:
         await self.app(scope, _replay(new_body, receive), send)
 
 
-def rewrite_body(body: bytes, header_xargs: dict[str, str | float]) -> bytes:
-    """The body with ``header_xargs`` merged into its ``vllm_xargs``.
+def rewrite_body(body: bytes, headers: Iterable[tuple[str, str]]) -> bytes:
+    """The body with the call's identity written into its ``vllm_xargs``.
 
-    Returns ``body`` itself (the same object) when nothing changes or the body
-    is not a JSON object with a dict (or absent) ``vllm_xargs``; those are left
-    for vLLM to reject. Raises :class:`IdentityError` for malformed identity keys
-    already in the body.
+    Other ``vllm_xargs`` keys are kept. Returns ``body`` itself (the same
+    object) when nothing changes or the body is not a JSON object with a dict
+    (or absent) ``vllm_xargs``; those are left for vLLM to reject. Raises
+    :class:`IdentityError` for a malformed identity value, in the headers or
+    the body.
     """
     try:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return body
+        payload = None
     if not isinstance(payload, dict):
+        read_identity(headers)  # malformed headers are rejected all the same
         return body
-    body_xargs = payload.get("vllm_xargs")
+    body_xargs = payload.get(XARGS_FIELD)
+    identity = read_identity(headers, body_xargs, payload.get(SESSION_ID_FIELD))
     if body_xargs is not None and not isinstance(body_xargs, dict):
         return body
-    if not header_xargs:
-        validate_xargs(body_xargs or {})
+    body_xargs = body_xargs or {}
+    identity_xargs = identity.as_xargs()
+    if all(body_xargs.get(key) == value for key, value in identity_xargs.items()):
         return body
-    merged = merge_into_xargs(body_xargs, header_xargs)
-    validate_xargs(merged)
-    payload["vllm_xargs"] = merged
+    payload[XARGS_FIELD] = {**body_xargs, **identity_xargs}
     return json.dumps(payload).encode()
 
 
 async def send_openai_error(
-    send: Send, status: int, message: str, param: str | None = None
+    send: Send, status: int, message: str, code: str, param: str | None = None
 ) -> None:
-    """Answer with vLLM/OpenAI's error shape: ``{"error": {message, type, param, code}}``."""
-    content = json.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": param,
-                "code": status,
-            }
-        }
-    ).encode()
+    """Answer with OpenAI's error body (:func:`autellix_vllm.protocol.error_body`)."""
+    content = json.dumps(error_body(status, message, code, param)).encode()
     await send(
         {
             "type": "http.response.start",

@@ -1,9 +1,9 @@
 """Reading one OpenAI call: its JSON body, model, program identity and prompt size.
 
-Identity is read exactly as the engines read it (:mod:`autellix_vllm.protocol`):
-the ``X-Autellix-*`` headers, else the body's ``vllm_xargs`` keys; the program
-id falls back to ``X-Session-ID``. A malformed value is a 400 here, before any
-engine sees the call.
+Identity is read exactly as the engines read it
+(:func:`autellix_vllm.protocol.read_identity`): the ``X-Autellix-*`` headers,
+else the body's ``vllm_xargs`` keys; the program id falls back to the session
+id. A malformed value is a 400 here, before any engine sees the call.
 
 Prompt size, for the locality threshold, is a cheap estimate that needs no
 tokenizer: the characters of the prompt text (message contents, text parts,
@@ -22,23 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from autellix_vllm.protocol import (
-    CALL_ID,
-    HEADER_TO_KEY,
-    PROGRAM_ID,
-    THREAD_ID,
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    RESPONSES_PATH,
+    SESSION_ID_FIELD,
+    XARGS_FIELD,
+    CallIdentity,
     IdentityError,
-    validate_id,
-    validate_xargs,
-    xargs_from_headers,
+    read_identity,
 )
 from autellix_vllm.router.errors import ApiError
 
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-RESPONSES_PATH = "/v1/responses"
-GENERATION_PATHS = (CHAT_PATH, COMPLETIONS_PATH, RESPONSES_PATH)
-SESSION_HEADER = "X-Session-ID"
-_IDENTITY_HEADERS = tuple(HEADER_TO_KEY)
 # Keys of chat messages and response input items that hold prompt text.
 _TEXT_KEYS = ("content", "text", "tool_calls", "function", "arguments", "output")
 
@@ -75,10 +69,7 @@ def read_call(
     models: Container[str],
     chars_per_token: float,
 ) -> Call:
-    """Parse and check a generation call; raises :class:`ApiError` for bad input.
-
-    ``headers`` must look names up case-insensitively (aiohttp's request headers do).
-    """
+    """Parse and check a generation call; raises :class:`ApiError` for bad input."""
     body = parse_json_object(raw)
     model = body.get("model")
     if model is None or model == "":
@@ -87,16 +78,16 @@ def read_call(
         raise ApiError(400, "model must be a string", "invalid_type", "model")
     if model not in models:
         raise ApiError(404, f"the model {model!r} does not exist", "model_not_found", "model")
-    program_id, thread_id, call_id = _identity(body, headers)
+    identity = _identity(body, headers)
     call = Call(
         path=path,
         body=body,
         raw=raw,
         model=model,
         stream=body.get("stream") is True,
-        program_id=program_id,
-        thread_id=thread_id,
-        call_id=call_id,
+        program_id=identity.program_id,
+        thread_id=identity.thread_id,
+        call_id=identity.call_id,
         prompt_tokens=estimate_prompt_tokens(path, body, chars_per_token),
     )
     if call.stream and path != RESPONSES_PATH:
@@ -104,30 +95,11 @@ def read_call(
     return call
 
 
-def _identity(
-    body: dict[str, Any], headers: Mapping[str, str]
-) -> tuple[str | None, str | None, str | None]:
+def _identity(body: dict[str, Any], headers: Mapping[str, str]) -> CallIdentity:
     try:
-        present = [(name, headers[name]) for name in _IDENTITY_HEADERS if name in headers]
-        from_headers = xargs_from_headers(present)
-        body_xargs = body.get("vllm_xargs")
-        if not isinstance(body_xargs, dict):
-            body_xargs = {}  # not ours to judge: the engine rejects a malformed vllm_xargs
-        elif body_xargs:
-            validate_xargs(body_xargs)
-        session_id = headers.get(SESSION_HEADER)
-        if session_id is not None:
-            session_id = validate_id(session_id.strip(), SESSION_HEADER)
-        elif body.get("session_id") is not None:
-            session_id = validate_id(body["session_id"], "session_id")
+        return read_identity(headers.items(), body.get(XARGS_FIELD), body.get(SESSION_ID_FIELD))
     except IdentityError as error:
-        raise ApiError(400, str(error), "invalid_identity", error.param) from None
-
-    def pick(key: str) -> str | None:
-        value = from_headers.get(key, body_xargs.get(key))
-        return value if isinstance(value, str) else None
-
-    return pick(PROGRAM_ID) or session_id, pick(THREAD_ID), pick(CALL_ID)
+        raise ApiError(400, str(error), error.code, error.param) from None
 
 
 def _ask_for_stream_usage(call: Call) -> None:
@@ -145,7 +117,7 @@ def _ask_for_stream_usage(call: Call) -> None:
 def estimate_prompt_tokens(path: str, body: dict[str, Any], chars_per_token: float) -> int:
     chars = 0
     token_ids = 0
-    if path == CHAT_PATH:
+    if path == CHAT_COMPLETIONS_PATH:
         chars = _text_chars(body.get("messages"))
     elif path == COMPLETIONS_PATH:
         prompt = body.get("prompt")

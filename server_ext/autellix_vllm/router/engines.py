@@ -27,14 +27,13 @@ from typing import Any
 
 import aiohttp
 
+from autellix_vllm.protocol import ENGINE_TABLE_PATH
 from autellix_vllm.router.metrics import RouterMetrics
 
 log = logging.getLogger("autellix.router")
 
 HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
-TABLE_PATH = "/autellix/v1/engine/table"
-END_PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
 
 
 @dataclass(eq=False)
@@ -140,7 +139,7 @@ class EnginePool:
                     self._probe_failed(engine, f"/health answered {answer.status}")
                     return
             models = await self._get_json(engine, MODELS_PATH)
-            table = await self._get_json(engine, TABLE_PATH, missing_ok=True)
+            table = await self._get_json(engine, ENGINE_TABLE_PATH, missing_ok=True)
         except aiohttp.ClientConnectorError as error:
             self.mark_down(engine, f"connection refused: {error}")
             return

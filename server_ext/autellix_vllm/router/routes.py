@@ -23,14 +23,19 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from autellix_vllm.protocol import IdentityError, validate_id
-from autellix_vllm.router.calls import GENERATION_PATHS, parse_json_object, read_call
-from autellix_vllm.router.engines import END_PROGRAM_PATH
+from autellix_vllm.protocol import (
+    ENGINE_PROGRAM_PATH,
+    ENGINES_PATH,
+    GENERATION_PATHS,
+    PROGRAM_PATH,
+    PROGRAMS_PATH,
+    IdentityError,
+    validate_id,
+)
+from autellix_vllm.router.calls import parse_json_object, read_call
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.state import STATE, RouterState
 
-PROGRAMS_PATH = "/autellix/v1/programs"
-ENGINES_PATH = "/autellix/v1/engines"
 MAX_NAME_LENGTH = 256
 END_ON_ENGINE_TIMEOUT_S = 5.0
 
@@ -41,7 +46,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_post(PROGRAMS_PATH, open_program)
     app.router.add_get(PROGRAMS_PATH, list_programs)
-    app.router.add_delete(PROGRAMS_PATH + "/{program_id}", end_program)
+    app.router.add_delete(PROGRAM_PATH, end_program)
     app.router.add_get(ENGINES_PATH, list_engines)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
@@ -89,7 +94,7 @@ async def end_program(request: web.Request) -> web.Response:
     try:
         validate_id(program_id, "program_id")
     except IdentityError as error:
-        raise ApiError(400, str(error), "invalid_identity", "program_id") from None
+        raise ApiError(400, str(error), error.code, error.param) from None
     if state.programs.is_ended(program_id):
         raise ApiError(404, f"the program {program_id!r} has ended", "program_ended", "program_id")
     record = state.programs.end(program_id)
@@ -103,7 +108,7 @@ async def end_program(request: web.Request) -> web.Response:
 async def _end_on_engine(state: RouterState, url: str, program_id: str) -> None:
     """Best effort: an engine that is down or never kept the program is fine."""
     timeout = aiohttp.ClientTimeout(total=END_ON_ENGINE_TIMEOUT_S)
-    path = END_PROGRAM_PATH.format(program_id=quote(program_id, safe=""))
+    path = ENGINE_PROGRAM_PATH.format(program_id=quote(program_id, safe=""))
     try:
         async with state.session.delete(url + path, timeout=timeout) as answer:
             await answer.read()
