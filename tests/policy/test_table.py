@@ -1,6 +1,7 @@
 """The process table: programs, threads, retries, ending and idle eviction."""
 
 from autellix_vllm.policy import MAIN_THREAD, PLAS, PolicyConfig, ProcessTable, ProgramScheduler
+from autellix_vllm.policy.bounded import CHARGED_CALLS_KEPT
 
 
 def test_threads_fork_from_their_parent():
@@ -27,6 +28,15 @@ def test_retried_call_is_charged_once():
     assert program.remember_completion("call-1", 10.0) == 10.0
     assert program.remember_completion("call-1", 10.0) == 0.0  # the retry adds nothing
     assert program.remember_completion("call-1", 14.0) == 4.0  # only what is new
+
+
+def test_remembered_call_ids_are_bounded():
+    program = ProcessTable().open("p", now_s=0.0)
+    for i in range(CHARGED_CALLS_KEPT + 1):
+        program.remember_completion(f"call-{i}", 1.0)
+    assert len(program.completed_call_service) == CHARGED_CALLS_KEPT
+    assert program.remember_completion(f"call-{CHARGED_CALLS_KEPT}", 1.0) == 0.0
+    assert program.remember_completion("call-0", 1.0) == 1.0  # the oldest was forgotten
 
 
 def test_end_waits_for_calls_in_flight():

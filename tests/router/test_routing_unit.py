@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
-from autellix_vllm.policy.routing import make_balancer
+from autellix_vllm.policy.routing import Balancer, EngineLoad, Route, least_loaded, make_balancer
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.dispatch import Dispatcher
@@ -16,9 +18,10 @@ MODEL = "m"
 THRESHOLD = 100
 
 
-def make_dispatcher(balancer: str = "locality", engines: int = 2) -> Dispatcher:
+def make_dispatcher(balancer: str | Balancer = "locality", engines: int = 2) -> Dispatcher:
     urls = tuple(f"http://127.0.0.1:{9000 + i}" for i in range(engines))
-    config = RouterConfig(upstreams=urls, balancer=balancer, locality_threshold=THRESHOLD)
+    chosen = make_balancer(balancer, THRESHOLD) if isinstance(balancer, str) else balancer
+    config = RouterConfig(upstreams=urls, locality_threshold=THRESHOLD)
     metrics = RouterMetrics()
     pool = EnginePool(
         urls, session=None, metrics=metrics, interval_s=1, timeout_s=1, failures_to_drop=1
@@ -26,7 +29,6 @@ def make_dispatcher(balancer: str = "locality", engines: int = 2) -> Dispatcher:
     for engine in pool.engines:
         engine.models = {MODEL: {"id": MODEL}}
         pool.mark_up(engine)
-    chosen = make_balancer(balancer, THRESHOLD)
     programs = ProgramTable(ended_ids_kept=10, idle_ttl_s=600, on_drop=chosen.forget)
     dispatcher = Dispatcher(config, None, pool, programs, chosen, metrics)  # type: ignore[arg-type]
     pool.on_down = dispatcher.engine_down
@@ -48,8 +50,15 @@ def call(program: str | None, tokens: int, model: str = MODEL) -> Call:
 
 
 def route(d: Dispatcher, program: str | None, tokens: int, exclude=()) -> Engine:
-    record = d.programs.for_call(program) if program else None
-    return d.choose(call(program, tokens), program or "anonymous", record, exclude)
+    """Route one call of ``program`` and finish it (without service), as ``handle`` does."""
+    record = d.programs.call_arrived(program, None) if program else None
+    engine = None
+    try:
+        engine = d.choose(call(program, tokens), program or "anonymous", record, exclude)
+        return engine
+    finally:
+        if record is not None:
+            d.programs.call_finished(record, engine.name if engine else None, None, None)
 
 
 def set_load(d: Dispatcher, in_flight: list[int], waiting: list[int] | None = None) -> None:
@@ -156,23 +165,22 @@ def test_issued_ids_are_unguessable_and_unique():
 
 def test_unknown_ids_open_programs_and_ended_ids_are_refused_within_a_bound():
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
-    assert table.for_call("sdk-local-id").issued is False
+    assert table.call_arrived("sdk-local-id", None).issued is False
     for i in range(5):
-        table.for_call(f"p{i}")
+        table.call_arrived(f"p{i}", None)
         assert table.end(f"p{i}") is not None
     with pytest.raises(ProgramEnded):
-        table.for_call("p4")
+        table.call_arrived("p4", None)
     assert table.is_ended("p2") and not table.is_ended("p1")  # the oldest are forgotten
     assert table.end("p4") is None
 
 
 def test_service_sums_over_engines_and_a_repeated_call_id_is_charged_once():
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
-    record = table.for_call("p")
     for engine, call_id in (("engine-0", "c1"), ("engine-1", "c2"), ("engine-1", "c2")):
-        table.call_started(record, "main")
+        record = table.call_arrived("p", "main")
         table.call_finished(record, engine, 10.0, call_id)
-    table.call_started(record, "side")
+    record = table.call_arrived("p", "side")
     table.call_finished(record, None, None, "c3")  # failed: no service, counted as failed
     assert record.service == 20.0
     assert record.calls_per_engine == {"engine-0": 1, "engine-1": 2}
@@ -182,12 +190,12 @@ def test_service_sums_over_engines_and_a_repeated_call_id_is_charged_once():
 def test_idle_programs_are_evicted_but_not_ended():
     now = [1000.0]
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
-    busy, idle = table.for_call("busy"), table.for_call("idle")
-    table.call_started(busy, None)
+    busy, idle = table.call_arrived("busy", None), table.call_arrived("idle", None)
+    table.call_finished(idle, "engine-0", 1.0, "c1")
     now[0] += 61
     assert table.evict_idle() == ["idle"]
     assert table.get("busy") is busy and not table.is_ended("idle")
-    assert table.for_call("idle") is not idle  # a later call opens it again
+    assert table.call_arrived("idle", None) is not idle  # a later call opens it again
 
 
 def test_config_refuses_bad_values():
@@ -216,3 +224,53 @@ def test_a_program_that_leaves_the_table_leaves_the_balancer_too():
     d.programs.clock = lambda: 1e12  # far in the future: everything idle is dropped
     d.programs.evict_idle()
     assert d.balancer.bindings == {}
+
+
+class Pinning(Balancer):
+    """Pins each program to the least-loaded engine on first use; ``binds`` is a parameter
+    and the reasons are ones the router has never heard of."""
+
+    def __init__(self, binds: bool, reason: str) -> None:
+        self.binds, self.reason = binds, reason
+        self.pinned: dict[str, str] = {}
+
+    def choose(self, program_id: str, prompt_tokens: int, engines: Sequence[EngineLoad]) -> Route:
+        names = [e.name for e in engines]
+        if self.pinned.get(program_id) not in names:
+            self.pinned[program_id] = names[least_loaded(engines)]
+        return Route(names.index(self.pinned[program_id]), self.reason, binds=self.binds)
+
+    def forget(self, program_id: str) -> None:
+        self.pinned.pop(program_id, None)
+
+
+def test_a_binding_route_binds_whatever_its_reason_and_rebinds_after_engine_loss():
+    d = make_dispatcher(Pinning(binds=True, reason="pinned-here"))
+    set_load(d, [0, 1])
+    assert route(d, "p", 1).name == "engine-0"
+    assert d.programs.get("p").engine == "engine-0"
+    d.pool.mark_down(d.pool.engines[0], "killed")
+    assert "p" not in d.balancer.pinned  # the balancer was told to forget the binding
+    d.pool.mark_up(d.pool.engines[0])  # back, but its KV is gone: no reason to return there
+    set_load(d, [5, 0])
+    assert route(d, "p", 1).name == "engine-1"
+    record = d.programs.get("p")
+    assert record.engine == "engine-1" and record.rebinds == 1
+    assert record.calls_per_engine == {"engine-0": 1, "engine-1": 1}
+
+
+def test_a_route_that_does_not_bind_records_no_binding_even_if_its_reason_says_bind():
+    d = make_dispatcher(Pinning(binds=False, reason="bind"))
+    assert route(d, "p", 1).name == "engine-0"
+    assert d.programs.get("p").engine is None
+    d.pool.mark_down(d.pool.engines[0], "killed")
+    assert d.balancer.pinned == {"p": "engine-0"}  # not bound, so nothing to forget
+    assert d.programs.get("p").rebinds == 0
+
+
+def test_a_routed_engine_is_listed_before_the_call_completes():
+    d = make_dispatcher()
+    record = d.programs.call_arrived("p", None)
+    engine = d.choose(call("p", 500), "p", record)
+    assert record.calls_per_engine == {engine.name: 0}  # ending the program reaches it
+    assert record.calls_active == 1

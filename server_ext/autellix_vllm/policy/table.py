@@ -8,15 +8,13 @@ session API) and removed when the program is ended or has been idle for
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
+
 MAIN_THREAD = "main"
-# How many completed call ids a program remembers, so that a retried call (same
-# call id) is charged once rather than twice.
-_REMEMBERED_CALLS = 256
 
 
 class CallState(enum.Enum):
@@ -67,11 +65,22 @@ class Program:
     calls_completed: int = 0
     engine: str | None = None
     ended: bool = False
-    completed_call_service: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    # Service charged per completed call id (the newest CHARGED_CALLS_KEPT ids).
+    completed_call_service: RecentMap[float] = field(
+        default_factory=lambda: RecentMap(CHARGED_CALLS_KEPT)
+    )
 
     @property
     def multi_threaded(self) -> bool:
         return len(self.threads) > 1
+
+    @property
+    def last_active_s(self) -> float:
+        return max(self.last_arrival_s, self.last_completion_s or 0.0)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.active_calls)
 
     def thread(self, thread_id: str | None, parent_thread_id: str | None = None) -> Thread:
         """The thread ``thread_id``, created (as a child of its parent) on first use."""
@@ -93,10 +102,8 @@ class Program:
 
     def remember_completion(self, call_id: str, service: float) -> float:
         """Record a completed call; return the service not yet charged for its id."""
-        already = self.completed_call_service.pop(call_id, 0.0)
-        self.completed_call_service[call_id] = max(already, service)
-        while len(self.completed_call_service) > _REMEMBERED_CALLS:
-            self.completed_call_service.popitem(last=False)
+        already = self.completed_call_service.get(call_id, 0.0)
+        self.completed_call_service.put(call_id, max(already, service))
         return max(0.0, service - already)
 
 
@@ -137,15 +144,17 @@ class ProcessTable:
     """All known programs, bounded by an idle time-to-live."""
 
     def __init__(self, idle_ttl_s: float = 600.0) -> None:
-        self.idle_ttl_s = idle_ttl_s
-        # Least recently active first, so idle programs are found without a full scan.
-        self._programs: OrderedDict[str, Program] = OrderedDict()
+        self._programs: IdleTable[Program] = IdleTable(idle_ttl_s)
+
+    @property
+    def idle_ttl_s(self) -> float:
+        return self._programs.idle_ttl_s
 
     def __len__(self) -> int:
         return len(self._programs)
 
     def __iter__(self) -> Iterator[Program]:
-        return iter(list(self._programs.values()))
+        return iter(self._programs)
 
     def __contains__(self, program_id: str) -> bool:
         return program_id in self._programs
@@ -158,17 +167,16 @@ class ProcessTable:
         program = self._programs.get(program_id)
         if program is None:
             program = Program(program_id, name=name, created_s=now_s, last_arrival_s=now_s)
-            self._programs[program_id] = program
+            self._programs.add(program_id, program)
         else:
-            self._programs.move_to_end(program_id)
+            self._programs.touch(program_id)
             if name and not program.name:
                 program.name = name
         return program
 
     def touch(self, program: Program) -> None:
         """The program did something (a call completed): it is the most recently active."""
-        if program.program_id in self._programs:
-            self._programs.move_to_end(program.program_id)
+        self._programs.touch(program.program_id)
 
     def end(self, program_id: str) -> bool:
         """End a program: dropped now, or when its last in-flight call completes."""
@@ -176,24 +184,15 @@ class ProcessTable:
         if program is None:
             return False
         program.ended = True
-        if not program.active_calls:
-            del self._programs[program_id]
+        if not program.busy:
+            self._programs.pop(program_id)
         return True
 
     def release_if_done(self, program: Program) -> None:
         """Drop an ended program once nothing of it is in flight."""
-        if program.ended and not program.active_calls:
-            self._programs.pop(program.program_id, None)
+        if program.ended and not program.busy:
+            self._programs.pop(program.program_id)
 
     def evict_idle(self, now_s: float) -> list[str]:
         """Drop programs with nothing in flight whose last activity is older than the TTL."""
-        dropped = []
-        for pid, program in self._programs.items():
-            last = max(program.last_arrival_s, program.last_completion_s or 0.0)
-            if now_s - last < self.idle_ttl_s:
-                break  # everything after it was active more recently
-            if not program.active_calls:
-                dropped.append(pid)
-        for pid in dropped:
-            del self._programs[pid]
-        return dropped
+        return self._programs.drop_idle(now_s)

@@ -50,8 +50,6 @@ _DROPPED_HEADERS = frozenset(
     }
 )  # fmt: skip
 _PASSED_BACK_HEADERS = ("Content-Type", "X-Request-Id")
-# Routing reasons that tie a program to an engine.
-_BINDING_REASONS = frozenset({"bind", "sticky", "hash"})
 # Failures of the engine connection (not of the client's).
 _ENGINE_FAILURES = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
@@ -96,13 +94,12 @@ class Dispatcher:
 
     async def handle(self, request: web.Request, call: Call, started: float) -> web.StreamResponse:
         """Answer ``call``; ``started`` is when the router got it (``perf_counter``)."""
-        record = self._program_of(call)
+        record = self._call_arrived(call)
         if record is None:
             self.metrics.calls_without_program.inc()
             key = f"anonymous-{next(self._anonymous)}"
         else:
             key = record.program_id
-            self.programs.call_started(record, call.thread_id)
         answer: Answer | None = None
         try:
             answer = await self._send_with_retries(request, call, key, record)
@@ -124,7 +121,7 @@ class Dispatcher:
     def choose(
         self, call: Call, key: str, record: ProgramRecord | None, exclude: Iterable[Engine] = ()
     ) -> Engine:
-        """The engine for ``call`` (the balancer decides); records bindings and metrics."""
+        """The engine for ``call`` (the balancer decides), noted in the record and metrics."""
         excluded = set(exclude)
         candidates = [
             e for e in self.pool.healthy() if call.model in e.models and e not in excluded
@@ -139,22 +136,22 @@ class Dispatcher:
         route = self.balancer.choose(key, call.prompt_tokens, loads)
         engine = candidates[route.index]
         if record is not None:
-            record.calls_per_engine.setdefault(engine.name, 0)
-            if route.reason in _BINDING_REASONS:
-                self.programs.bind(record, engine.name)
+            self.programs.routed(record, engine.name, route)
         self.metrics.routed(engine.name, route.reason)
         return engine
 
     def engine_down(self, engine: Engine) -> None:
-        """``engine`` left rotation: its programs bind anew on their next long call."""
+        """``engine`` left rotation: the balancer forgets the programs bound to it
+        (by routes that bind, see ``ProgramTable.routed``), so each binds anew."""
         for record in self.programs.bound_to(engine.name):
             self.balancer.forget(record.program_id)
 
-    def _program_of(self, call: Call) -> ProgramRecord | None:
+    def _call_arrived(self, call: Call) -> ProgramRecord | None:
+        """The record of the call's program, counting the call; None for a call without one."""
         if call.program_id is None:
             return None
         try:
-            return self.programs.for_call(call.program_id)
+            return self.programs.call_arrived(call.program_id, call.thread_id)
         except ProgramEnded:
             raise ApiError(
                 404,

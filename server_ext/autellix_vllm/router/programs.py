@@ -16,36 +16,45 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-MAIN_THREAD = "main"
-# Completed call ids remembered per program, so a call retried by the client
-# after it was answered (same call id) is charged once.
-CHARGED_CALLS_KEPT = 256
+from autellix_vllm.policy.bounded import CHARGED_CALLS_KEPT, IdleTable, RecentIds
+from autellix_vllm.policy.routing import Route
+from autellix_vllm.policy.table import MAIN_THREAD
 
 
 @dataclass(eq=False)
 class ProgramRecord:
+    """One program as the router sees it; only :class:`ProgramTable` writes to it."""
+
     program_id: str
     name: str | None
     created_s: float
     issued: bool  # opened through the program API, not first seen in a call
     last_arrival_s: float | None = None
     last_completion_s: float | None = None
-    # The engine the program is bound to (locality binding or hash owner), if any.
+    # The engine the program is bound to (by the last route that binds), if any.
     engine: str | None = None
     rebinds: int = 0
     threads: set[str] = field(default_factory=set)
     calls_active: int = 0
     calls_completed: int = 0
     calls_failed: int = 0
+    # Engines its calls were sent to -> calls completed there.
     calls_per_engine: dict[str, int] = field(default_factory=dict)
     # Attained service (token equivalents, policy.config.ServiceMeter) over all engines.
     service: float = 0.0
-    charged_calls: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    charged_calls: RecentIds = field(default_factory=lambda: RecentIds(CHARGED_CALLS_KEPT))
+
+    @property
+    def last_active_s(self) -> float:
+        return max(self.last_arrival_s or 0.0, self.last_completion_s or 0.0, self.created_s)
+
+    @property
+    def busy(self) -> bool:
+        return self.calls_active > 0
 
 
 class ProgramEnded(Exception):
@@ -53,6 +62,13 @@ class ProgramEnded(Exception):
 
 
 class ProgramTable:
+    """The router's records, one per program; every change to a record goes through here.
+
+    A call meets the table three times: :meth:`call_arrived` (the record,
+    opened if new), :meth:`routed` (the engine chosen for it) and
+    :meth:`call_finished` (its outcome and service).
+    """
+
     def __init__(
         self,
         ended_ids_kept: int,
@@ -60,21 +76,18 @@ class ProgramTable:
         clock: Callable[[], float] = time.time,
         on_drop: Callable[[str], None] = lambda program_id: None,
     ) -> None:
-        self.ended_ids_kept = ended_ids_kept
-        self.idle_ttl_s = idle_ttl_s
         self.clock = clock
         # Told the id of every program that leaves the table (ended or idle), so
         # that what else is kept per program (the balancer's binding) goes too.
         self.on_drop = on_drop
-        # Least recently active first, so idle programs are found from the front.
-        self._programs: OrderedDict[str, ProgramRecord] = OrderedDict()
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._programs: IdleTable[ProgramRecord] = IdleTable(idle_ttl_s)
+        self._ended = RecentIds(ended_ids_kept)
 
     def __len__(self) -> int:
         return len(self._programs)
 
     def __iter__(self) -> Iterator[ProgramRecord]:
-        return iter(list(self._programs.values()))
+        return iter(self._programs)
 
     def get(self, program_id: str) -> ProgramRecord | None:
         return self._programs.get(program_id)
@@ -87,36 +100,38 @@ class ProgramTable:
         self.evict_idle()
         program_id = "prog-" + secrets.token_urlsafe(18)  # 144 random bits
         record = ProgramRecord(program_id, name, created_s=self.clock(), issued=True)
-        self._programs[program_id] = record
+        self._programs.add(program_id, record)
         return record
 
-    def for_call(self, program_id: str) -> ProgramRecord:
-        """The program a call names, opened if it is new; raises :class:`ProgramEnded`."""
+    def call_arrived(self, program_id: str, thread_id: str | None) -> ProgramRecord:
+        """A call of ``program_id`` arrived: its record (opened if the id is new),
+        counting the call as active. Raises :class:`ProgramEnded` for an ended id."""
         record = self._programs.get(program_id)
         if record is None:
             if program_id in self._ended:
                 raise ProgramEnded(program_id)
             self.evict_idle()
             record = ProgramRecord(program_id, None, created_s=self.clock(), issued=False)
-            self._programs[program_id] = record
+            self._programs.add(program_id, record)
         else:
-            self._programs.move_to_end(program_id)
-        return record
-
-    def end(self, program_id: str) -> ProgramRecord | None:
-        """End a program: it leaves the table and its id is refused from now on."""
-        record = self._programs.pop(program_id, None)
-        if record is not None:
-            self.on_drop(program_id)
-            self._ended[program_id] = None
-            while len(self._ended) > self.ended_ids_kept:
-                self._ended.popitem(last=False)
-        return record
-
-    def call_started(self, record: ProgramRecord, thread_id: str | None) -> None:
+            self._programs.touch(program_id)
         record.threads.add(thread_id or MAIN_THREAD)
         record.calls_active += 1
         record.last_arrival_s = self.clock()
+        return record
+
+    def routed(self, record: ProgramRecord, engine: str, route: Route) -> None:
+        """A call of the program goes to ``engine``, as ``route`` decided.
+
+        The engine joins the program's engines at once, so that ending the
+        program reaches it while the call is still in flight. A route that
+        binds ties the program to the engine; a change of engine is a rebind.
+        """
+        record.calls_per_engine.setdefault(engine, 0)
+        if route.binds and record.engine != engine:
+            if record.engine is not None:
+                record.rebinds += 1
+            record.engine = engine
 
     def call_finished(
         self,
@@ -125,7 +140,10 @@ class ProgramTable:
         service: float | None,
         call_id: str | None,
     ) -> None:
-        """A call ended: answered by ``engine`` with ``service``, or failed (engine None)."""
+        """A call ended: answered by ``engine`` with ``service``, or failed (engine None).
+
+        A call id already charged (a retry of an answered call) adds no service.
+        """
         record.calls_active -= 1
         record.last_completion_s = self.clock()
         if engine is None:
@@ -133,34 +151,27 @@ class ProgramTable:
             return
         record.calls_completed += 1
         record.calls_per_engine[engine] = record.calls_per_engine.get(engine, 0) + 1
-        if service and not self._charged_before(record, call_id):
+        if service and (call_id is None or record.charged_calls.add(call_id)):
             record.service += service
-        if record.program_id in self._programs:
-            self._programs.move_to_end(record.program_id)
+        self._programs.touch(record.program_id)
 
-    def bind(self, record: ProgramRecord, engine: str) -> None:
-        if record.engine != engine:
-            if record.engine is not None:
-                record.rebinds += 1
-            record.engine = engine
+    def end(self, program_id: str) -> ProgramRecord | None:
+        """End a program: it leaves the table and its id is refused from now on."""
+        record = self._programs.pop(program_id)
+        if record is not None:
+            self.on_drop(program_id)
+            self._ended.add(program_id)
+        return record
 
     def bound_to(self, engine: str) -> list[ProgramRecord]:
-        return [r for r in self._programs.values() if r.engine == engine]
+        """Programs bound to ``engine`` (see :meth:`routed`)."""
+        return [r for r in self._programs if r.engine == engine]
 
     def evict_idle(self) -> list[str]:
         """Drop programs idle for ``idle_ttl_s`` with nothing in flight (not ended:
         a later call of theirs opens them again)."""
-        now = self.clock()
-        dropped = []
-        for program_id, record in self._programs.items():
-            last = max(record.last_arrival_s or 0.0, record.last_completion_s or 0.0,
-                       record.created_s)  # fmt: skip
-            if now - last < self.idle_ttl_s:
-                break
-            if record.calls_active == 0:
-                dropped.append(program_id)
+        dropped = self._programs.drop_idle(self.clock())
         for program_id in dropped:
-            del self._programs[program_id]
             self.on_drop(program_id)
         return dropped
 
@@ -185,16 +196,5 @@ class ProgramTable:
                 "last_completion_s": r.last_completion_s,
                 "age_s": now - r.created_s,
             }
-            for r in self._programs.values()
+            for r in self._programs
         ]
-
-    @staticmethod
-    def _charged_before(record: ProgramRecord, call_id: str | None) -> bool:
-        if call_id is None:
-            return False
-        if call_id in record.charged_calls:
-            return True
-        record.charged_calls[call_id] = None
-        if len(record.charged_calls) > CHARGED_CALLS_KEPT:
-            record.charged_calls.popitem(last=False)
-        return False

@@ -1,0 +1,142 @@
+"""Bounded memories for the process tables of the engine and of the router.
+
+Both tables must stay small however many programs and calls pass through
+them, and both bound what they keep the same two ways:
+
+* :class:`IdleTable`: entries ordered least recently active first; a sweep
+  drops, from the front, those idle for a time-to-live with nothing in flight.
+* :class:`RecentMap` and :class:`RecentIds`: the newest ``capacity`` keys
+  written (a program's completed call ids, ended program ids); the oldest are
+  forgotten first.
+
+Keys are ids (strings). Nothing here reads a clock: callers pass the time.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Generic, Protocol, TypeVar
+
+# Completed call ids a program remembers, so that a call retried after it was
+# answered (same call id) is charged once rather than twice.
+CHARGED_CALLS_KEPT = 256
+
+
+class Activity(Protocol):
+    """What :class:`IdleTable` needs to know about each entry it holds."""
+
+    @property
+    def last_active_s(self) -> float:
+        """When the entry last did something (created, a call arrived or ended)."""
+        ...
+
+    @property
+    def busy(self) -> bool:
+        """Something of it is in flight: it is never dropped for being idle."""
+        ...
+
+
+EntryT = TypeVar("EntryT", bound=Activity)
+ValueT = TypeVar("ValueT")
+
+
+class IdleTable(Generic[EntryT]):
+    """Entries by id, least recently active first, dropped after ``idle_ttl_s`` idle.
+
+    The owner calls :meth:`touch` whenever an entry's ``last_active_s`` moves
+    forward (and :meth:`add` puts new entries last), so the order is the order
+    of last activity and :meth:`drop_idle` stops at the first entry that is
+    not idle yet, without scanning the rest.
+    """
+
+    def __init__(self, idle_ttl_s: float) -> None:
+        self.idle_ttl_s = idle_ttl_s
+        self._entries: OrderedDict[str, EntryT] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[EntryT]:
+        """The entries, least recently active first (a copy: the table may change meanwhile)."""
+        return iter(list(self._entries.values()))
+
+    def get(self, key: str) -> EntryT | None:
+        return self._entries.get(key)
+
+    def add(self, key: str, entry: EntryT) -> None:
+        """Hold ``entry`` under ``key`` as the most recently active one."""
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+
+    def touch(self, key: str) -> None:
+        """The entry under ``key`` (if held) is now the most recently active."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+
+    def pop(self, key: str) -> EntryT | None:
+        return self._entries.pop(key, None)
+
+    def drop_idle(self, now_s: float) -> list[str]:
+        """Drop entries idle for ``idle_ttl_s`` or more and not busy; return their keys."""
+        dropped = []
+        for key, entry in self._entries.items():
+            if now_s - entry.last_active_s < self.idle_ttl_s:
+                break  # every entry after it was active more recently
+            if not entry.busy:
+                dropped.append(key)
+        for key in dropped:
+            del self._entries[key]
+        return dropped
+
+
+class RecentMap(Generic[ValueT]):
+    """The ``capacity`` most recently written keys and their values.
+
+    Writing a key makes it the newest; past ``capacity`` the oldest is forgotten.
+    Reading does not change the order.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must not be negative, got {capacity}")
+        self.capacity = capacity
+        self._values: OrderedDict[str, ValueT] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def get(self, key: str, default: ValueT) -> ValueT:
+        return self._values.get(key, default)
+
+    def put(self, key: str, value: ValueT) -> None:
+        self._values[key] = value
+        self._values.move_to_end(key)
+        while len(self._values) > self.capacity:
+            self._values.popitem(last=False)
+
+
+class RecentIds:
+    """The newest ``capacity`` ids added: a bounded set, the oldest forgotten first."""
+
+    def __init__(self, capacity: int) -> None:
+        self._ids: RecentMap[None] = RecentMap(capacity)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ids
+
+    def add(self, key: str) -> bool:
+        """Remember ``key``; False if it was remembered already (its age is kept)."""
+        if key in self._ids:
+            return False
+        self._ids.put(key, None)
+        return True
