@@ -28,17 +28,17 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
+from autellix_vllm.protocol import PRIOR_SERVICE_HEADER, PROGRAM_ID_HEADER, error_body
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.engines import Engine, EnginePool
-from autellix_vllm.router.errors import ApiError, error_body
+from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.metrics import RouterMetrics
 from autellix_vllm.router.programs import ProgramEnded, ProgramRecord, ProgramTable
 from autellix_vllm.router.usage import SseRelay, service_from_body
 
 log = logging.getLogger("autellix.router")
 
-PRIOR_SERVICE_HEADER = "X-Autellix-Prior-Service"
 # Not copied to the engine: hop-by-hop headers, what aiohttp sets itself, the
 # router's own credentials, compression (bodies are relayed as they are), and
 # the prior service, which only the router may state.
@@ -157,7 +157,7 @@ class Dispatcher:
                 404,
                 f"the program {call.program_id!r} has ended",
                 "program_ended",
-                "X-Autellix-Program-Id",
+                PROGRAM_ID_HEADER,
             ) from None
 
     async def _send_with_retries(
