@@ -1,7 +1,11 @@
 """The wait queue's ordering, and the balancers of the router and simulator."""
 
+import pytest
 from autellix_vllm.policy import (
+    BALANCER_NAMES,
+    BALANCERS,
     PLAS,
+    Balancer,
     ConsistentHash,
     EngineLoad,
     LeastUsed,
@@ -11,6 +15,7 @@ from autellix_vllm.policy import (
     RoundRobin,
     WaitQueue,
     make_balancer,
+    routing,
 )
 
 
@@ -91,9 +96,13 @@ def test_consistent_hash_is_stable_and_moves_little():
 
 def test_make_balancer():
     assert make_balancer("locality", threshold=7).threshold == 7
-    try:
+    with pytest.raises(ValueError, match="unknown load balancer 'random' \\(choose from round"):
         make_balancer("random")
-    except ValueError as exc:
-        assert "unknown load balancer" in str(exc)
-    else:
-        raise AssertionError("expected ValueError")
+
+
+def test_every_balancer_class_is_registered_under_its_name():
+    ours = [cls for cls in Balancer.__subclasses__() if cls.__module__ == routing.__name__]
+    assert {cls.name: cls for cls in ours} == BALANCERS
+    assert BALANCER_NAMES == ("round-robin", "least-used", "locality", "consistent-hash")
+    for name, cls in BALANCERS.items():
+        assert type(make_balancer(name)) is cls

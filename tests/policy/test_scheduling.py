@@ -6,13 +6,17 @@ from autellix_vllm.policy import (
     FCFS,
     MLFQ,
     PLAS,
+    POLICIES,
+    POLICY_NAMES,
     SRPT,
     Autellix,
     Levels,
+    Policy,
     PolicyConfig,
     ProgramScheduler,
     ServiceMeter,
     make_policy,
+    policies,
 )
 
 LEVELS = Levels(boundaries=(0.0, 10.0, 100.0, 1000.0))
@@ -266,8 +270,55 @@ def test_make_policy_names():
     assert make_policy("autellix", "program").variant == "program"
     with pytest.raises(ValueError, match="oracle"):
         make_policy("srpt")
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(ValueError, match="unknown policy 'lottery' \\(choose from fcfs, mlfq"):
         make_policy("lottery")
+
+
+def test_every_policy_class_is_registered_under_its_name():
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    classes = {cls.name: cls for cls in subclasses(Policy) if cls.__module__ == policies.__name__}
+    assert classes == POLICIES
+    assert POLICY_NAMES == ("fcfs", "mlfq", "plas", "atlas", "autellix", "srpt")
+    for name, cls in POLICIES.items():
+        policy = make_policy(name, "program", remaining=lambda program: 0.0)
+        assert type(policy) is cls and policy.name == name
+    assert [name for name, cls in POLICIES.items() if cls.clairvoyant] == ["srpt"]
+
+
+def test_a_new_policy_is_one_class(monkeypatch):
+    monkeypatch.setattr(policies, "POLICIES", dict(POLICIES))  # the test's class leaves no trace
+
+    class LastComeFirstServed(Policy):
+        name = "lcfs"
+        uses_levels = False
+
+        def base(self, call):
+            return 0.0
+
+        def rank(self, call):
+            return (0, -call.seq)
+
+    core = ProgramScheduler(make_policy("lcfs"))
+    for i in range(3):
+        core.enqueue(core.add_call(f"c{i}", f"p{i}", now_s=0.0))
+    assert isinstance(core.policy, LastComeFirstServed)
+    assert [core.pop().call_id for _ in range(3)] == ["c2", "c1", "c0"]
+    assert "lcfs" not in POLICIES
+
+
+def test_levels_parse_and_print_as_comma_separated_boundaries():
+    levels = Levels.parse("0,4,8.5,1e6")
+    assert levels.boundaries == (0.0, 4.0, 8.5, 1e6)
+    assert str(levels) == "0,4,8.5,1000000"
+    assert Levels.parse(str(Levels())) == Levels()
+    for text, problem in (("0,x", "comma-separated numbers"), ("", "comma-separated"),
+                          ("4,8", "start at 0"), ("0,8,4", "increase"), ("0,inf", "finite")):
+        with pytest.raises(ValueError, match=problem):
+            Levels.parse(text)
 
 
 def test_snapshot_reports_programs_and_queue():

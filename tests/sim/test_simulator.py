@@ -5,8 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from autellix_vllm.policy import Levels, PolicyConfig, ServiceMeter
+from autellix_vllm.policy import POLICY_NAMES, Levels, PolicyConfig, ServiceMeter
 from autellix_vllm.sim import SIM_POLICIES, CallSpec, ProgramSpec, generate, simulate
+from autellix_vllm.workloads import WORKLOAD_SPECS, WORKLOADS, WorkloadSpec
 from autellix_vllm.workloads.trace import TraceError, load_trace, write_trace
 
 
@@ -94,6 +95,53 @@ def test_workloads_match_the_papers_statistics():
     lats = generate("lats", 200, 1.0)
     assert 130 < sum(len(p.calls) for p in lats) / 200 < 190
     assert all(p.threads > 1 for p in lats)
+
+
+def test_sim_policies_are_the_core_policies_and_two_vllm_baselines():
+    assert list(SIM_POLICIES) == ["vllm", "vllm-opt", "mlfq", "plas", "atlas", "autellix", "srpt"]
+    assert {core for core, _ in SIM_POLICIES.values()} == set(POLICY_NAMES)
+    assert SIM_POLICIES["vllm"] == ("fcfs", False) and SIM_POLICIES["vllm-opt"] == ("fcfs", True)
+    with pytest.raises(ValueError, match="unknown policy 'fcfs' \\(choose from vllm, vllm-opt"):
+        simulate(FIGURE_2, "fcfs")
+
+
+def test_mixed_holds_one_program_of_each_workload_per_shuffled_block():
+    kinds = [p.kind for p in generate("mixed", 12, 1.0, seed=3)]
+    blocks = [kinds[i : i + 3] for i in range(0, 12, 3)]
+    assert all(sorted(block) == ["bfcl", "lats", "sharegpt"] for block in blocks)
+    assert len({tuple(block) for block in blocks}) > 1
+    assert WORKLOADS == tuple(WORKLOAD_SPECS) == ("sharegpt", "bfcl", "lats", "mixed")
+
+
+def test_a_workload_spec_is_a_generator_or_a_mix_of_them():
+    with pytest.raises(ValueError, match="either a program generator or a mix"):
+        WorkloadSpec("nothing", "no programs", programs=1, sweep_seconds=1.0)
+    with pytest.raises(ValueError, match="cannot hold another mix"):
+        WorkloadSpec("nested", "a mix of mixes", 1, 1.0, mix=(WORKLOAD_SPECS["mixed"],))
+    with pytest.raises(ValueError, match="unknown workload 'nope' \\(choose from sharegpt"):
+        generate("nope", 1, 1.0)
+
+
+def test_a_new_workload_is_one_spec(monkeypatch, capsys):
+    from autellix_vllm.cli import main
+
+    def pair(rng, pid):
+        first = CallSpec(f"{pid}.a", rng.randint(1, 9))
+        return (first, CallSpec(f"{pid}.b", 2, after=(first.id,)))
+
+    pairs = WorkloadSpec("pairs", "two calls", programs=5, sweep_seconds=10.0, program=pair)
+    chats = WORKLOAD_SPECS["sharegpt"]
+    monkeypatch.setitem(WORKLOAD_SPECS, "pairs", pairs)
+    monkeypatch.setitem(
+        WORKLOAD_SPECS, "pairs+chats",
+        WorkloadSpec("pairs+chats", "a mix", programs=4, sweep_seconds=10.0, mix=(pairs, chats)),
+    )  # fmt: skip
+    programs = generate("pairs", 3, 1.0)
+    assert [(p.kind, len(p.calls)) for p in programs] == [("pairs", 2)] * 3
+    assert sorted(p.kind for p in generate("pairs+chats", 2, 1.0)) == ["pairs", "sharegpt"]
+    # The CLI's choices and defaults come from the spec.
+    assert main(["simulate", "run", "--workload", "pairs", "--preset", "unit", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calls_completed"] == 5 * 2
 
 
 def test_a_call_larger_than_the_engine_is_refused():

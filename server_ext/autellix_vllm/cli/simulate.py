@@ -8,11 +8,12 @@ import sys
 from typing import Any
 
 from autellix_vllm.cli import UsageError
+from autellix_vllm.cli._arguments import checked
 
 from ..policy import BALANCER_NAMES, Levels, PolicyConfig, ServiceMeter
 from ..sim.presets import PRESETS
 from ..sim.run import SIM_POLICIES, simulate
-from ..workloads import WORKLOADS, generate
+from ..workloads import WORKLOAD_SPECS, generate, get_workload
 from ..workloads.trace import TraceError, load_trace
 
 
@@ -43,21 +44,25 @@ def _names(allowed: tuple[str, ...] | list[str]) -> Any:
     return parse
 
 
-def _levels(text: str) -> Levels:
-    try:
-        return Levels(boundaries=tuple(float(x) for x in text.split(",")))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _per_workload(value: str) -> str:
+    """``sharegpt 600, bfcl 600, ...``: one of each workload's defaults, for help texts."""
+    return ", ".join(f"{name} {getattr(spec, value):g}" for name, spec in WORKLOAD_SPECS.items())
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=WORKLOADS, default="sharegpt")
-    p.add_argument("--programs", type=_positive(int), help="programs in the trace")
+    p.add_argument(
+        "--workload", choices=list(WORKLOAD_SPECS), default="sharegpt",
+        help="; ".join(f"{name}: {spec.description}" for name, spec in WORKLOAD_SPECS.items()),
+    )  # fmt: skip
+    p.add_argument(
+        "--programs", type=_positive(int),
+        help=f"programs in the trace (run's default: {_per_workload('programs')})",
+    )  # fmt: skip
     p.add_argument("--engines", type=_positive(int), default=1)
     p.add_argument("--preset", choices=sorted(PRESETS), default="a100-llama8b")
     p.add_argument("--max-num-seqs", type=_positive(int), help="override the preset's batch")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--levels", type=_levels, help="level boundaries, e.g. 0,128,512,2048")
+    p.add_argument("--levels", type=checked(Levels.parse), help="level boundaries, e.g. 0,128,512")
     p.add_argument("--beta", type=_positive(float), help="anti-starvation threshold")
     p.add_argument("--atlas-variant", choices=("program", "thread"))
     p.add_argument("--service-unit", choices=("tokens", "time"))
@@ -102,7 +107,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     sweep.add_argument("--lb", type=_names(list(BALANCER_NAMES)), default=["round-robin"])
     sweep.add_argument(
         "--duration", type=_positive(float),
-        help="seconds of arrivals per trace (default per workload; ignored with --programs)",
+        help=f"seconds of arrivals per trace (default: {_per_workload('sweep_seconds')};"
+        " ignored with --programs)",
     )
     sweep.add_argument("--slo-factor", type=_positive(float), default=5.0)
     sweep.add_argument("--workers", type=_positive(int), default=2)
@@ -115,9 +121,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     bench.add_argument("--steps", type=_positive(int), default=2000)
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_bench)
-
-
-DEFAULT_PROGRAMS = {"sharegpt": 600, "bfcl": 600, "lats": 60, "mixed": 300}
 
 
 def _print(result: dict[str, Any], as_json: bool) -> None:
@@ -137,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
         except TraceError as exc:
             raise UsageError(str(exc)) from None
     else:
-        n = args.programs or DEFAULT_PROGRAMS[args.workload]
+        n = args.programs or get_workload(args.workload).programs
         programs = generate(args.workload, n, args.rate, args.seed)
     try:
         result = simulate(

@@ -4,18 +4,32 @@ The vLLM scheduler, the router and the simulator all drive these objects, so
 the scheduling math exists exactly once:
 
 * :class:`ProcessTable` (``table``): programs, threads, calls and their counters;
-* policies (``policies``): FCFS, MLFQ, PLAS, ATLAS, Autellix and the SRPT oracle;
+* policies (``policies``): FCFS, MLFQ, PLAS, ATLAS, Autellix and the SRPT oracle,
+  registered by name in ``POLICIES``;
 * :class:`ProgramScheduler` (``core``): levels, demotion, anti-starvation and
   preemption choices around a policy;
-* balancers (``routing``): the locality-aware rule and its baselines.
+* balancers (``routing``): the locality-aware rule and its baselines, registered
+  by name in ``BALANCERS``.
 """
 
 from .config import Levels, PolicyConfig, ServiceMeter
 from .core import Counters, ProgramScheduler
-from .policies import ATLAS, FCFS, MLFQ, PLAS, POLICY_NAMES, SRPT, Autellix, Policy, make_policy
+from .policies import (
+    ATLAS,
+    FCFS,
+    MLFQ,
+    PLAS,
+    POLICIES,
+    POLICY_NAMES,
+    SRPT,
+    Autellix,
+    Policy,
+    make_policy,
+)
 from .queue import WaitQueue
 from .routing import (
     BALANCER_NAMES,
+    BALANCERS,
     Balancer,
     ConsistentHash,
     EngineLoad,
@@ -29,11 +43,13 @@ from .table import MAIN_THREAD, Call, CallState, ProcessTable, Program, Thread
 
 __all__ = [
     "ATLAS",
+    "BALANCERS",
     "BALANCER_NAMES",
     "FCFS",
     "MAIN_THREAD",
     "MLFQ",
     "PLAS",
+    "POLICIES",
     "POLICY_NAMES",
     "SRPT",
     "Autellix",

@@ -33,6 +33,8 @@ class Levels:
 
     def __post_init__(self) -> None:
         b = self.boundaries
+        if not all(math.isfinite(x) for x in b):
+            raise ValueError(f"level boundaries must be finite numbers: {list(b)}")
         if not b or b[0] != 0:
             raise ValueError("level boundaries must start at 0")
         if any(hi <= lo for lo, hi in zip(b, b[1:], strict=False)):
@@ -44,6 +46,19 @@ class Levels:
             raise ValueError("one quantum per level is needed")
         if any(q <= 0 for q in self.quanta):
             raise ValueError("quanta must be positive")
+
+    @classmethod
+    def parse(cls, text: str) -> Levels:
+        """Levels from comma-separated boundaries, e.g. ``"0,128,512"`` (see ``__str__``)."""
+        try:
+            boundaries = tuple(float(x) for x in text.split(","))
+        except ValueError:
+            message = f"level boundaries must be comma-separated numbers: {text!r}"
+            raise ValueError(message) from None
+        return cls(boundaries=boundaries)
+
+    def __str__(self) -> str:
+        return ",".join(repr(b).removesuffix(".0") for b in self.boundaries)
 
     @classmethod
     def geometric(cls, k: int, first: float, growth: float) -> Levels:

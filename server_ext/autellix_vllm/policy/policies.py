@@ -8,23 +8,47 @@ answers four questions:
 * ``complete(call, charged)``: how a finished call changes its program's priority;
 * ``rank(call)``: the sort key, smaller served first;
 * ``outranks(waiter, victim)``: may a waiting call preempt a running one?
+
+Every subclass with a ``name`` registers itself in :data:`POLICIES`, which is
+where the engine, the router and the simulator look policies up
+(:func:`make_policy`): a new policy is one class here (plus its test).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import ClassVar
 
+from ..registry import lookup
 from .config import AtlasVariant
 from .table import Call, Program
 
+# A program's remaining work, known only to a simulator that knows its future.
+Remaining = Callable[[Program], float]
+
+# Policy name -> class, in the order the classes below are defined.
+POLICIES: dict[str, type[Policy]] = {}
+
 
 class Policy(ABC):
-    name: str = ""
+    name: ClassVar[str] = ""
     # Level policies use the levels (demotion, anti-starvation, preemption).
-    uses_levels: bool = True
+    uses_levels: ClassVar[bool] = True
     # Program-aware policies count the program's wait and service in anti-starvation.
-    program_aware: bool = True
+    program_aware: ClassVar[bool] = True
+    # Clairvoyant policies need each program's remaining work: simulator only.
+    clairvoyant: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls):  # a subclass that only refines (no name of its own) is not one
+            POLICIES[cls.name] = cls
+
+    @classmethod
+    def build(cls, atlas_variant: AtlasVariant, remaining: Remaining | None) -> Policy:
+        """An instance, given every option a policy may take (most take none)."""
+        return cls()
 
     @abstractmethod
     def base(self, call: Call) -> float:
@@ -99,6 +123,10 @@ class ATLAS(Policy):
     def __init__(self, variant: AtlasVariant = "thread") -> None:
         self.variant = variant
 
+    @classmethod
+    def build(cls, atlas_variant: AtlasVariant, remaining: Remaining | None) -> Policy:
+        return cls(atlas_variant)
+
     def base(self, call: Call) -> float:
         if self.variant == "program":
             return call.program.critical_path
@@ -139,9 +167,16 @@ class SRPT(Policy):
 
     name = "srpt"
     uses_levels = False
+    clairvoyant = True
 
-    def __init__(self, remaining: Callable[[Program], float]) -> None:
+    def __init__(self, remaining: Remaining) -> None:
         self.remaining = remaining
+
+    @classmethod
+    def build(cls, atlas_variant: AtlasVariant, remaining: Remaining | None) -> Policy:
+        if remaining is None:
+            raise ValueError("srpt is a clairvoyant oracle: it needs each program's remaining work")
+        return cls(remaining)
 
     def base(self, call: Call) -> float:
         return 0.0
@@ -156,27 +191,11 @@ class SRPT(Policy):
         return True
 
 
-POLICY_NAMES = ("fcfs", "mlfq", "plas", "atlas", "autellix", "srpt")
+POLICY_NAMES = tuple(POLICIES)
 
 
 def make_policy(
-    name: str,
-    atlas_variant: AtlasVariant = "thread",
-    remaining: Callable[[Program], float] | None = None,
+    name: str, atlas_variant: AtlasVariant = "thread", remaining: Remaining | None = None
 ) -> Policy:
     """Build a policy by name (``srpt`` needs the oracle ``remaining``)."""
-    if name == "fcfs":
-        return FCFS()
-    if name == "mlfq":
-        return MLFQ()
-    if name == "plas":
-        return PLAS()
-    if name == "atlas":
-        return ATLAS(atlas_variant)
-    if name == "autellix":
-        return Autellix(atlas_variant)
-    if name == "srpt":
-        if remaining is None:
-            raise ValueError("srpt is a clairvoyant oracle: it needs each program's remaining work")
-        return SRPT(remaining)
-    raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})")
+    return lookup(POLICIES, name, "policy").build(atlas_variant, remaining)

@@ -7,6 +7,9 @@ one to use plus the reason, which the router reports in its metrics.
 Load signal: the calls an engine is running or has waiting (the router counts
 its in-flight calls and adds the engine's reported queue). The paper leaves the
 metric of LEAST_USED open; counting calls is what its Least-Used baseline does.
+
+Every subclass with a ``name`` registers itself in :data:`BALANCERS`
+(:func:`make_balancer` builds one by name): a new balancer is one class here.
 """
 
 from __future__ import annotations
@@ -16,8 +19,14 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
+
+from ..registry import lookup
 
 DEFAULT_LOCALITY_THRESHOLD = 2048
+
+# Balancer name -> class, in the order the classes below are defined.
+BALANCERS: dict[str, type[Balancer]] = {}
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,17 @@ class Route:
 
 
 class Balancer(ABC):
-    name: str = ""
+    name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls):
+            BALANCERS[cls.name] = cls
+
+    @classmethod
+    def build(cls, threshold: int) -> Balancer:
+        """An instance, given every option a balancer may take (most take none)."""
+        return cls()
 
     @abstractmethod
     def choose(self, program_id: str, prompt_tokens: int, engines: Sequence[EngineLoad]) -> Route:
@@ -91,6 +110,10 @@ class Locality(Balancer):
         self.threshold = threshold
         self.bindings: dict[str, str] = {}
 
+    @classmethod
+    def build(cls, threshold: int) -> Balancer:
+        return cls(threshold)
+
     def choose(self, program_id: str, prompt_tokens: int, engines: Sequence[EngineLoad]) -> Route:
         if prompt_tokens <= self.threshold:
             return Route(least_loaded(engines), "least-loaded")
@@ -136,16 +159,9 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
-BALANCER_NAMES = ("round-robin", "least-used", "locality", "consistent-hash")
+BALANCER_NAMES = tuple(BALANCERS)
 
 
 def make_balancer(name: str, threshold: int = DEFAULT_LOCALITY_THRESHOLD) -> Balancer:
-    if name == "round-robin":
-        return RoundRobin()
-    if name == "least-used":
-        return LeastUsed()
-    if name == "locality":
-        return Locality(threshold)
-    if name == "consistent-hash":
-        return ConsistentHash()
-    raise ValueError(f"unknown load balancer {name!r} (choose from {', '.join(BALANCER_NAMES)})")
+    """Build a balancer by name (``threshold``: the locality rule's prompt tokens)."""
+    return lookup(BALANCERS, name, "load balancer").build(threshold)

@@ -4,7 +4,8 @@ The SLO is a multiple (default 5x) of the unloaded average latency per token,
 measured with the first policy at a rate so low that programs barely overlap.
 
 A trace at rate r holds the programs that arrive in a fixed window of
-``duration`` seconds (so about r x duration programs): an overloaded engine
+``duration`` seconds (so about r x duration programs; by default the
+workload's ``sweep_seconds``): an overloaded engine
 then falls further behind the higher the rate, as a real one would, instead of
 draining a fixed backlog. (With ``programs`` given, every rate replays the same
 programs instead; past the engines' capacity that degenerates into an offline
@@ -27,13 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policy import PolicyConfig
-from ..workloads import ProgramSpec, generate
+from ..workloads import ProgramSpec, generate, get_workload
 from .presets import get_preset
 from .run import simulate
 
 BISECTIONS = 5  # the max rate is then known to within a factor 2**(1/32), ~2%
 SEARCH_LIMIT = 8.0  # search no further than 8x the engines' nominal capacity
-DEFAULT_DURATION = {"sharegpt": 300.0, "bfcl": 120.0, "lats": 200.0, "mixed": 150.0}
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def sweep(
         raise ValueError("name at least one policy and one load balancer")
     if slo_factor <= 1:
         raise ValueError("the SLO factor must be > 1")
-    window = duration or DEFAULT_DURATION[workload]
+    window = duration or get_workload(workload).sweep_seconds
     setup = SweepSetup(
         workload, seed, engines, preset, max_num_seqs, config or PolicyConfig(), window, programs
     )

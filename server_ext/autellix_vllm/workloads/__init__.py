@@ -2,19 +2,33 @@
 
 One source of programs for everything that replays them: the simulator
 (``autellix simulate``) and the real-engine benchmarks (``autellix bench``).
+Every workload is a :class:`WorkloadSpec` in :data:`WORKLOAD_SPECS`
+(``generators``); its programs come from a family module (``conversations``,
+``tree_search``) built on the distributions in ``sampling``.
 """
 
-from .generators import MAX_CONTEXT, WORKLOADS, at_rate, generate
+from .generators import (
+    MAX_CONTEXT,
+    WORKLOAD_SPECS,
+    WORKLOADS,
+    WorkloadSpec,
+    at_rate,
+    generate,
+    get_workload,
+)
 from .trace import CallSpec, ProgramSpec, TraceError, load_trace, write_trace
 
 __all__ = [
     "MAX_CONTEXT",
     "WORKLOADS",
+    "WORKLOAD_SPECS",
     "CallSpec",
     "ProgramSpec",
     "TraceError",
+    "WorkloadSpec",
     "at_rate",
     "generate",
+    "get_workload",
     "load_trace",
     "write_trace",
 ]
