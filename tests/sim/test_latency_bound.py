@@ -40,9 +40,9 @@ def test_an_overloaded_run_stops_early_with_a_true_lower_bound(workload):
 
 
 def test_the_bound_counts_finished_waiting_and_future_programs():
-    a = ProgramRun("a", arrival=0.0, kind="x", calls_left=1, decode_total=10, remaining_work=10)
-    b = ProgramRun("b", arrival=4.0, kind="x", calls_left=1, decode_total=2, remaining_work=2)
-    c = ProgramRun("c", arrival=50.0, kind="x", calls_left=1, decode_total=1, remaining_work=1)
+    a = ProgramRun("a", arrival=0.0, calls_left=1, decode_total=10, remaining_work=10)
+    b = ProgramRun("b", arrival=4.0, calls_left=1, decode_total=2, remaining_work=2)
+    c = ProgramRun("c", arrival=50.0, calls_left=1, decode_total=1, remaining_work=1)
     bound = LatencyBound([c, a, b])
 
     assert bound.at(2.0) == pytest.approx((2.0 / 10) / 3)  # only a has arrived
@@ -56,7 +56,7 @@ def test_the_bound_counts_finished_waiting_and_future_programs():
 
 
 def test_a_program_that_finishes_between_two_looks_counts_once():
-    a = ProgramRun("a", arrival=1.0, kind="x", calls_left=1, decode_total=4, remaining_work=4)
+    a = ProgramRun("a", arrival=1.0, calls_left=1, decode_total=4, remaining_work=4)
     bound = LatencyBound([a])
     assert bound.at(0.5) == 0.0
     a.calls_left, a.end = 0, 3.0  # arrives and finishes before the bound looks again

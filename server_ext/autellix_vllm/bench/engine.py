@@ -29,7 +29,6 @@ programs and at the 95th percentile.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import statistics
 import string
@@ -42,6 +41,7 @@ import aiohttp
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.protocol import COMPLETIONS_PATH, ENGINE_TABLE_PATH
+from autellix_vllm.stats import percentile
 from autellix_vllm.workloads import at_rate, generate
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
 
@@ -189,7 +189,7 @@ async def _complete(
 
 
 def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
-    per_token = sorted(r.latency_per_token for r in results)
+    per_token = [r.latency_per_token for r in results]
     tokens = sum(r.decode_tokens for r in results)
     return {
         "programs": len(results),
@@ -198,15 +198,9 @@ def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
         "makespan_s": round(wall_s, 3),
         "throughput_tokens_per_s": round(tokens / wall_s, 1),
         "avg_latency_per_token_s": statistics.fmean(per_token),
-        "p95_latency_per_token_s": _percentile(per_token, 0.95),
-        "p99_latency_per_token_s": _percentile(per_token, 0.99),
+        "p95_latency_per_token_s": percentile(per_token, 95),
+        "p99_latency_per_token_s": percentile(per_token, 99),
     }
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 async def _table(base_url: str) -> dict[str, Any]:

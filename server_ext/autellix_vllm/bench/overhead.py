@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autellix_vllm.stats import percentile
+
 BLOCK_SIZE = 16
 PROMPT_TOKENS = 32
 
@@ -65,7 +67,7 @@ def measure(
     for name in schedulers:
         result[name] = {
             "schedule_ms_median": 1000 * statistics.median(schedule_s[name]),
-            "schedule_ms_p95": 1000 * statistics.quantiles(schedule_s[name], n=20)[-1],
+            "schedule_ms_p95": 1000 * percentile(schedule_s[name], 95),
             "step_ms_median": 1000 * statistics.median(step_s[name]),
         }
     stock, ours = result["vllm_fcfs"], result["autellix"]

@@ -26,12 +26,19 @@ import contextlib
 import json
 import re
 import statistics
-import sys
 import time
 from typing import Any
 
 from autellix_vllm.bench.fake_upstream import MODEL
-from autellix_vllm.bench.subprocesses import ROUTER_READY, cpu_seconds, router_command, running
+from autellix_vllm.bench.subprocesses import (
+    FAKE_UPSTREAM_COMMAND,
+    FAKE_UPSTREAM_READY,
+    ROUTER_READY,
+    cpu_seconds,
+    router_command,
+    running,
+)
+from autellix_vllm.stats import percentile
 
 _CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
 _BODY = json.dumps(
@@ -96,9 +103,9 @@ async def measure_latency(
         "direct_p50_ms": _ms(statistics.median(direct_s)),
         "routed_p50_ms": _ms(statistics.median(routed_s)),
         "overhead_p50_ms": _ms(statistics.median(routed_s) - statistics.median(direct_s)),
-        "direct_p99_ms": _ms(_quantile(direct_s, 0.99)),
-        "routed_p99_ms": _ms(_quantile(routed_s, 0.99)),
-        "overhead_p99_ms": _ms(_quantile(routed_s, 0.99) - _quantile(direct_s, 0.99)),
+        "direct_p99_ms": _ms(percentile(direct_s, 99)),
+        "routed_p99_ms": _ms(percentile(routed_s, 99)),
+        "overhead_p99_ms": _ms(percentile(routed_s, 99) - percentile(direct_s, 99)),
     }
 
 
@@ -134,7 +141,7 @@ async def measure_throughput(
         "calls": len(latencies),
         "calls_per_s": round(len(latencies) / elapsed, 1),
         "p50_ms": _ms(statistics.median(latencies)),
-        "p99_ms": _ms(_quantile(latencies, 0.99)),
+        "p99_ms": _ms(percentile(latencies, 99)),
         "server_cpu_ms_per_call": (
             _ms((cpu_after - cpu_before) / len(latencies))
             if cpu_before is not None and cpu_after is not None
@@ -176,8 +183,7 @@ async def _router_metrics(host: str, port: int) -> str:
 def run_router_overhead(
     seconds: float = 10.0, concurrency: int = 32, latency_calls: int = 2000
 ) -> dict[str, Any]:
-    fake_upstream = [sys.executable, "-m", "autellix_vllm.bench.fake_upstream", "--port", "0"]
-    with running(fake_upstream, r"PORT (\d+)") as upstream:
+    with running(FAKE_UPSTREAM_COMMAND, FAKE_UPSTREAM_READY) as upstream:
         upstream_url = f"http://127.0.0.1:{upstream.ready}"
         with running(router_command([upstream_url]), ROUTER_READY) as router:
             direct = ("127.0.0.1", int(upstream.ready))
@@ -206,11 +212,6 @@ async def _measure(
         ),
         "targets": {"overhead_p50_ms_at_most": 2.0, "calls_per_s_at_least": 1000},
     }
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _ms(seconds: float) -> float:

@@ -1,4 +1,4 @@
-"""Helper processes of the router benchmarks (a fake upstream, a router)."""
+"""Helper processes of the router and SDK benchmarks (a fake upstream, a router)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -51,8 +52,6 @@ def running(command: list[str], ready: str, timeout_s: float = 120.0) -> Iterato
 
 def router_command(upstreams: list[str], *options: str) -> list[str]:
     """``autellix serve --upstream ...`` on a free port, as deployed."""
-    import sys
-
     command = [sys.executable, "-m", "autellix_vllm", "serve", "--port", "0"]
     for url in upstreams:
         command += ["--upstream", url]
@@ -60,6 +59,10 @@ def router_command(upstreams: list[str], *options: str) -> list[str]:
 
 
 ROUTER_READY = r"router ready at (http://\S+);"
+
+FAKE_UPSTREAM_COMMAND = [sys.executable, "-m", "autellix_vllm.bench.fake_upstream", "--port", "0"]
+"""The minimal upstream of :mod:`autellix_vllm.bench.fake_upstream` on a free port."""
+FAKE_UPSTREAM_READY = r"PORT (\d+)"
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -39,7 +39,6 @@ class ProgramRun:
 
     program_id: str
     arrival: float
-    kind: str
     calls_left: int
     decode_total: int
     remaining_work: float  # decode tokens still to produce (the SRPT oracle's view)
@@ -195,6 +194,22 @@ class Step:
     started: float
 
 
+@dataclass
+class _Batch:
+    """The calls chosen for the next step, and the token budget they leave."""
+
+    budget: int
+    decodes: list[Job] = field(default_factory=list)
+    prefills: list[tuple[Job, int]] = field(default_factory=list)  # job, prompt tokens
+
+    def add(self, job: Job, tokens: int) -> None:
+        if job.missing == 1:  # the last sampled token: a decode
+            self.decodes.append(job)
+        else:
+            self.prefills.append((job, tokens))
+        self.budget -= tokens
+
+
 class SimEngine:
     """One engine: the batch, the KV pool, and the scheduler core that orders calls."""
 
@@ -213,7 +228,6 @@ class SimEngine:
         self.on_complete = on_complete
         self.running: list[Job] = []
         self.step: Step | None = None
-        self.starting = False  # a step start is scheduled for now
         self.steps = 0
         self.preemptions = 0
         self.recomputed_tokens = 0
@@ -242,33 +256,31 @@ class SimEngine:
     # ---- one (macro) step ----------------------------------------------------------
 
     def begin_step(self, now: float) -> Step | None:
-        """Choose the batch for the next step at ``now``; None when there is nothing to run."""
-        core, preset = self.core, self.preset
-        for victim in core.victims([j.call for j in self.running], self._free_seats()):
+        """Choose the batch for the next step at ``now``; None when there is nothing to run.
+
+        The phases of vLLM V1's ``Scheduler.schedule()``, in its order: seats,
+        running calls, waiting calls (only if no running call was preempted).
+        """
+        self._free_seats_for_waiters(now)
+        batch = _Batch(self.preset.token_budget)
+        if not self._schedule_running(batch, now):
+            self._schedule_waiting(batch, now)
+        return self._start(batch, now)
+
+    def _free_seats_for_waiters(self, now: float) -> None:
+        """Preempt the running calls that better waiting calls displace from a full batch."""
+        for victim in self.core.victims([j.call for j in self.running], self._free_seats()):
             self._preempt(victim.payload, now)
 
-        budget = preset.token_budget
-        decodes: list[Job] = []
-        prefills: list[tuple[Job, int]] = []
-
-        def plan(job: Job, tokens: int) -> None:
-            if job.missing == 1:  # the last sampled token: a decode
-                decodes.append(job)
-            else:
-                prefills.append((job, tokens))
-
-        # Rank order matters only when budget or blocks may not cover every running
-        # call; a batch of decodes needs one token and at most one new block each.
-        rank = core.policy.rank
-        order = self.running
-        n = len(order)
-        if n > budget or n > self.kv.reclaimable or any(j.missing > 1 for j in order):
-            order = sorted(order, key=lambda j: rank(j.call))
+    def _schedule_running(self, batch: _Batch, now: float) -> bool:
+        """Give running calls, best first, their next tokens within the budget. When KV
+        blocks run out, the worst-ranked running call is preempted; True if any was."""
+        rank = self.core.policy.rank
         preempted: set[Job] = set()
-        for job in list(order):
-            if job in preempted or budget <= 0:
+        for job in self._running_in_rank_order(batch.budget):
+            if job in preempted or batch.budget <= 0:
                 continue
-            tokens = min(job.missing, budget)
+            tokens = min(job.missing, batch.budget)
             while not self.kv.grow(job, tokens):
                 victim = max(self.running, key=lambda j: rank(j.call))
                 self._preempt(victim, now)
@@ -276,34 +288,48 @@ class SimEngine:
                 if victim is job:
                     break
             else:
-                plan(job, tokens)
-                budget -= tokens
+                batch.add(job, tokens)
+        return bool(preempted)
 
-        if not preempted:
-            while budget > 0 and self._free_seats() > 0 and core.waiting:
-                job = core.peek().payload
-                self.kv.admit(job, self.kv.hit(job))
-                tokens = min(job.missing, budget)
-                if not self.kv.grow(job, tokens):
-                    self.kv.release(job)  # back out: it waits for blocks
-                    break
-                core.start(job.call)
-                self.kv.hit_tokens += job.computed
-                self.kv.prompt_tokens += job.computed + job.missing
-                job.wait_s += now - job.wait_since
-                self.running.append(job)
-                plan(job, tokens)
-                budget -= tokens
+    def _running_in_rank_order(self, budget: int) -> list[Job]:
+        """The running calls, sorted by rank only when budget or blocks may not cover
+        them all (a batch of decodes needs one token and at most one new block each)."""
+        running = self.running
+        n = len(running)
+        if n > budget or n > self.kv.reclaimable or any(j.missing > 1 for j in running):
+            rank = self.core.policy.rank
+            return sorted(running, key=lambda j: rank(j.call))
+        return list(running)
 
-        if not decodes and not prefills:
-            if self.running or core.waiting:
+    def _schedule_waiting(self, batch: _Batch, now: float) -> None:
+        """Admit waiting calls in rank order while seats, budget and blocks last; the
+        first that does not fit stops admission (head-of-line blocking, as in vLLM)."""
+        core = self.core
+        while batch.budget > 0 and self._free_seats() > 0 and core.waiting:
+            job = core.peek().payload
+            self.kv.admit(job, self.kv.hit(job))
+            tokens = min(job.missing, batch.budget)
+            if not self.kv.grow(job, tokens):
+                self.kv.release(job)  # back out: it waits for blocks
+                break
+            core.start(job.call)
+            self.kv.hit_tokens += job.computed
+            self.kv.prompt_tokens += job.computed + job.missing
+            job.wait_s += now - job.wait_since
+            self.running.append(job)
+            batch.add(job, tokens)
+
+    def _start(self, batch: _Batch, now: float) -> Step | None:
+        """Time the batch as one step, or as a macro step of identical decode steps."""
+        if not batch.decodes and not batch.prefills:
+            if self.running or self.core.waiting:
                 raise RuntimeError(f"engine {self.name}: a call does not fit in an empty engine")
             self.step = None
             return None
-        prefill_tokens = sum(n for _, n in prefills)
-        duration = preset.step_time(len(decodes), prefill_tokens)
-        repeat = self._steady_steps(decodes, duration) if not prefills else 1
-        self.step = Step(decodes, prefills, duration, repeat, now)
+        prefill_tokens = sum(n for _, n in batch.prefills)
+        duration = self.preset.step_time(len(batch.decodes), prefill_tokens)
+        repeat = self._steady_steps(batch.decodes, duration) if not batch.prefills else 1
+        self.step = Step(batch.decodes, batch.prefills, duration, repeat, now)
         return self.step
 
     def truncate(self, now: float) -> bool:

@@ -22,25 +22,21 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..policy import (
-    POLICY_NAMES,
-    EngineLoad,
-    PolicyConfig,
-    ProgramScheduler,
-    make_balancer,
-    make_policy,
-)
-from ..workloads.trace import ProgramSpec
+from ..policy import EngineLoad, PolicyConfig, ProgramScheduler, make_balancer, make_policy
+from ..stats import percentile
+from ..workloads.trace import CallSpec, ProgramSpec
 from .engine import Job, ProgramRun, SimEngine
-from .presets import get_preset
+from .presets import EnginePreset, get_preset
 
-# Simulator policy name -> (policy core name, prefix caching on?). `vllm` and
-# `vllm-opt` are stock vLLM (the core's fcfs) without and with prefix caching;
-# every other core policy runs under its own name, with prefix caching.
+# Simulator policy name -> (policy core name, prefix caching on?)
 SIM_POLICIES: dict[str, tuple[str, bool]] = {
     "vllm": ("fcfs", False),
     "vllm-opt": ("fcfs", True),
-    **{name: (name, True) for name in POLICY_NAMES if name != "fcfs"},
+    "mlfq": ("mlfq", True),
+    "plas": ("plas", True),
+    "atlas": ("atlas", True),
+    "autellix": ("autellix", True),
+    "srpt": ("srpt", True),
 }
 
 _ARRIVE, _START, _END = 0, 1, 2  # same-time order: arrivals first, then steps
@@ -95,11 +91,224 @@ class LatencyBound:
         return (self._finished + max(waiting, 0.0)) / len(self._by_arrival)
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    i = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
-    return sorted_values[i]
+class Simulation:
+    """One run: every call of ``programs`` routed to engines and served until done.
+
+    Events are ``(time, kind, sequence, subject)``: at the same time, arrivals
+    come before step starts and ends, and otherwise they keep the order in
+    which they were posted.
+    """
+
+    def __init__(
+        self,
+        programs: list[ProgramSpec],
+        policy: str,
+        *,
+        engines: int,
+        lb: str,
+        preset: str,
+        max_num_seqs: int | None,
+        config: PolicyConfig | None,
+        locality_threshold: int,
+        stop_above: float | None,
+    ) -> None:
+        if policy not in SIM_POLICIES:
+            raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(SIM_POLICIES)})")
+        if engines < 1:
+            raise ValueError("need at least one engine")
+        spec = get_preset(preset).with_max_num_seqs(max_num_seqs)
+        core_policy, prefix_caching = SIM_POLICIES[policy]
+        config = config or PolicyConfig()
+        self.balancer = make_balancer(lb, locality_threshold)
+        self.started = time.perf_counter()
+
+        self.runs: dict[str, ProgramRun] = {}
+        self.jobs: list[Job] = []  # every call that has arrived
+        self.events: list[tuple[float, int, int, Any]] = []
+        self._sequence = itertools.count()
+        # The router's view: each program's service summed over all engines.
+        self.global_service: dict[str, float] = {}
+        self.dependents: dict[tuple[str, str], list[CallSpec]] = {}
+        self.waiting_on: dict[tuple[str, str], int] = {}  # calls a call still waits for
+
+        self.engines = [
+            SimEngine(
+                f"engine-{i}",
+                spec,
+                ProgramScheduler(
+                    make_policy(core_policy, config.atlas_variant, self._remaining_work),
+                    config,
+                    seats=spec.max_num_seqs,
+                ),
+                prefix_caching,
+                self._complete,
+            )
+            for i in range(engines)
+        ]
+        # A truncated macro step leaves a stale end event behind: only the latest counts.
+        self.step_versions = {engine: 0 for engine in self.engines}
+        self.start_posted: set[SimEngine] = set()
+
+        for program in programs:
+            self._add_program(program, spec)
+        self.bound = LatencyBound(list(self.runs.values())) if stop_above is not None else None
+        self.stop_above = math.inf if stop_above is None else stop_above
+
+    def _add_program(self, program: ProgramSpec, spec: EnginePreset) -> None:
+        """Record the program's calls and what each waits for; post the calls that wait
+        for nothing."""
+        kv_tokens = spec.kv_blocks * spec.block_size
+        for c in program.calls:
+            if c.prompt_tokens + c.decode_tokens > kv_tokens:
+                raise ValueError(
+                    f"call {c.id} of program {program.program_id} needs "
+                    f"{c.prompt_tokens + c.decode_tokens} tokens of KV; "
+                    f"an engine of preset {spec.name} holds {kv_tokens}"
+                )
+        run = ProgramRun(
+            program.program_id,
+            program.arrival,
+            len(program.calls),
+            program.decode_tokens,
+            float(program.decode_tokens),
+        )
+        self.runs[program.program_id] = run
+        for c in program.calls:
+            self.waiting_on[(program.program_id, c.id)] = len(c.after)
+            for dep in c.after:
+                self.dependents.setdefault((program.program_id, dep), []).append(c)
+            if not c.after:
+                self._post(program.arrival + c.tool_gap, _ARRIVE, Job(c, run))
+
+    def _post(self, t: float, kind: int, subject: Any) -> None:
+        heapq.heappush(self.events, (t, kind, next(self._sequence), subject))
+
+    def _remaining_work(self, program: Any) -> float:
+        """The SRPT oracle's view of a program."""
+        return self.runs[program.program_id].remaining_work
+
+    # ---- the event loop ------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        handled = 0
+        while self.events:
+            t, kind, _, subject = heapq.heappop(self.events)
+            handled += 1
+            if handled % _CHECK_EVERY == 0 and (stopped := self._stopped_early(t)):
+                return stopped
+            if kind == _ARRIVE:
+                self._arrive(subject, t)
+            elif kind == _START:
+                self._start_step(subject, t)
+            else:
+                self._end_step(*subject)
+        return SimResult(*self._metrics())
+
+    def _arrive(self, job: Job, now: float) -> None:
+        """Route the call and queue it on its engine. An idle engine starts a step once
+        every arrival at this instant is in; a busy one cuts its macro step short."""
+        self.jobs.append(job)
+        program_id = job.program.program_id
+        route = self.balancer.choose(
+            program_id, job.spec.prompt_tokens, [EngineLoad(e.name, e.load) for e in self.engines]
+        )
+        engine = self.engines[route.index]
+        engine.submit(job, now, self.global_service.get(program_id, 0.0))
+        if engine.step is None:
+            self._post_start(engine, now)
+        elif engine.truncate(now):
+            self._post_end(engine)
+
+    def _start_step(self, engine: SimEngine, now: float) -> None:
+        self.start_posted.discard(engine)
+        if engine.begin_step(now) is not None:
+            self._post_end(engine)
+
+    def _end_step(self, engine: SimEngine, version: int) -> None:
+        if version != self.step_versions[engine]:
+            return
+        now = engine.finish_step()
+        # Calls that this step's completions release (zero tool gap) arrive at the
+        # same instant; the next step starts after them, as in a real engine.
+        self._post_start(engine, now)
+
+    def _post_start(self, engine: SimEngine, now: float) -> None:
+        if engine not in self.start_posted:
+            self.start_posted.add(engine)
+            self._post(now, _START, engine)
+
+    def _post_end(self, engine: SimEngine) -> None:
+        self.step_versions[engine] += 1
+        self._post(engine.step_end, _END, (engine, self.step_versions[engine]))
+
+    def _complete(self, job: Job, now: float) -> None:
+        """A call completed: credit its program and release the calls waiting for it."""
+        run = job.program
+        pid = run.program_id
+        if job.spec.id in run.done:
+            raise RuntimeError(f"call {job.spec.id} of {pid} completed twice")
+        run.done.add(job.spec.id)
+        run.calls_left -= 1
+        self.global_service[pid] = self.global_service.get(pid, 0.0) + job.call.service
+        for dep in self.dependents.get((pid, job.spec.id), ()):
+            key = (pid, dep.id)
+            self.waiting_on[key] -= 1
+            if self.waiting_on[key] == 0:
+                self._post(now + dep.tool_gap, _ARRIVE, Job(dep, run))
+        if run.calls_left == 0:
+            run.end = now
+            self.balancer.forget(pid)
+            if self.bound is not None:
+                self.bound.finished(run)
+
+    # ---- results ---------------------------------------------------------------------
+
+    def _stopped_early(self, now: float) -> SimResult | None:
+        """The result so far, if the average latency per token is sure to exceed the line."""
+        if self.bound is None:
+            return None
+        lowest = self.bound.at(now)
+        if lowest <= self.stop_above:
+            return None
+        metrics = {
+            "programs": len(self.runs),
+            "stopped_early": True,
+            "stopped_at": now,
+            "avg_latency_per_token": lowest,
+            "programs_finished": sum(1 for r in self.runs.values() if not r.calls_left),
+            "sim_seconds": time.perf_counter() - self.started,
+        }
+        return SimResult(metrics, {})
+
+    def _metrics(self) -> tuple[dict[str, Any], dict[str, float]]:
+        runs, jobs, sims = self.runs, self.jobs, self.engines
+        unfinished = [r.program_id for r in runs.values() if r.calls_left]
+        if unfinished:
+            raise RuntimeError(f"{len(unfinished)} programs did not finish, e.g. {unfinished[0]}")
+        lpt = {r.program_id: (r.end - r.arrival) / r.decode_total for r in runs.values()}
+        values = sorted(lpt.values())
+        counters = [e.core.counters for e in sims]
+        prompt = sum(e.kv.prompt_tokens for e in sims)
+        metrics = {
+            "programs": len(runs),
+            "stopped_early": False,
+            "calls": len(jobs),
+            "calls_completed": sum(len(r.done) for r in runs.values()),
+            "avg_latency_per_token": statistics.fmean(values),
+            "p50_latency_per_token": percentile(values, 50),
+            "p95_latency_per_token": percentile(values, 95),
+            "p99_latency_per_token": percentile(values, 99),
+            "makespan": max(r.end for r in runs.values()),
+            "total_wait": sum(j.wait_s for j in jobs),
+            "preemptions": sum(e.preemptions for e in sims),
+            "promotions": sum(c.promotions for c in counters),
+            "demotions": sum(c.demotions for c in counters),
+            "recomputed_tokens": sum(e.recomputed_tokens for e in sims),
+            "prefix_hit_rate": sum(e.kv.hit_tokens for e in sims) / prompt if prompt else 0.0,
+            "engine_steps": sum(e.steps for e in sims),
+            "sim_seconds": time.perf_counter() - self.started,
+        }
+        return metrics, lpt
 
 
 def simulate(
@@ -120,176 +329,14 @@ def simulate(
     to exceed it; the metrics then hold ``stopped_early: True`` and, as
     ``avg_latency_per_token``, the lower bound that crossed the line.
     """
-    if policy not in SIM_POLICIES:
-        raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(SIM_POLICIES)})")
-    if engines < 1:
-        raise ValueError("need at least one engine")
-    spec = get_preset(preset).with_max_num_seqs(max_num_seqs)
-    core_policy, prefix_caching = SIM_POLICIES[policy]
-    config = config or PolicyConfig()
-    balancer = make_balancer(lb, locality_threshold)
-    started = time.perf_counter()
-
-    runs: dict[str, ProgramRun] = {}
-    events: list[tuple[float, int, int, Any]] = []
-    seq = itertools.count()
-    global_service: dict[str, float] = {}
-    dependents: dict[tuple[str, str], list[Any]] = {}
-    waiting_on: dict[tuple[str, str], int] = {}
-    jobs: list[Job] = []
-
-    def post(t: float, kind: int, obj: Any) -> None:
-        heapq.heappush(events, (t, kind, next(seq), obj))
-
-    def on_complete(job: Job, now: float) -> None:
-        run = job.program
-        pid = run.program_id
-        if job.spec.id in run.done:
-            raise RuntimeError(f"call {job.spec.id} of {pid} completed twice")
-        run.done.add(job.spec.id)
-        run.calls_left -= 1
-        global_service[pid] = global_service.get(pid, 0.0) + job.call.service
-        for dep in dependents.get((pid, job.spec.id), ()):
-            key = (pid, dep.id)
-            waiting_on[key] -= 1
-            if waiting_on[key] == 0:
-                post(now + dep.tool_gap, _ARRIVE, Job(dep, run))
-        if run.calls_left == 0:
-            run.end = now
-            balancer.forget(pid)
-            if bound is not None:
-                bound.finished(run)
-
-    def remaining(program: Any) -> float:
-        return runs[program.program_id].remaining_work
-
-    sims = [
-        SimEngine(
-            f"engine-{i}",
-            spec,
-            ProgramScheduler(
-                make_policy(core_policy, config.atlas_variant, remaining),
-                config,
-                seats=spec.max_num_seqs,
-            ),
-            prefix_caching,
-            on_complete,
-        )
-        for i in range(engines)
-    ]
-    by_name = {e.name: e for e in sims}
-
-    kv_tokens = spec.kv_blocks * spec.block_size
-    for p in programs:
-        for c in p.calls:
-            if c.prompt_tokens + c.decode_tokens > kv_tokens:
-                raise ValueError(
-                    f"call {c.id} of program {p.program_id} needs "
-                    f"{c.prompt_tokens + c.decode_tokens} tokens of KV; "
-                    f"an engine of preset {preset} holds {kv_tokens}"
-                )
-        runs[p.program_id] = ProgramRun(
-            p.program_id, p.arrival, p.kind, len(p.calls), p.decode_tokens,
-            float(p.decode_tokens),
-        )
-        for c in p.calls:
-            waiting_on[(p.program_id, c.id)] = len(c.after)
-            for dep in c.after:
-                dependents.setdefault((p.program_id, dep), []).append(c)
-            if not c.after:
-                t = p.arrival + c.tool_gap
-                post(t, _ARRIVE, Job(c, runs[p.program_id]))
-
-    step_version: dict[str, int] = {e.name: 0 for e in sims}
-    bound = LatencyBound(list(runs.values())) if stop_above is not None else None
-    line = math.inf if stop_above is None else stop_above
-    events_handled = 0
-
-    def schedule_end(engine: SimEngine) -> None:
-        step_version[engine.name] += 1
-        post(engine.step_end, _END, (engine.name, step_version[engine.name]))
-
-    while events:
-        t, kind, _, obj = heapq.heappop(events)
-        events_handled += 1
-        if bound is not None and events_handled % _CHECK_EVERY == 0:
-            lowest = bound.at(t)
-            if lowest > line:
-                return SimResult(_stopped_metrics(runs, lowest, t, started), {})
-        if kind == _ARRIVE:
-            job: Job = obj
-            jobs.append(job)
-            route = balancer.choose(
-                job.program.program_id,
-                job.spec.prompt_tokens,
-                [EngineLoad(e.name, e.load) for e in sims],
-            )
-            engine = sims[route.index]
-            engine.submit(job, t, global_service.get(job.program.program_id, 0.0))
-            if engine.step is None:
-                if not engine.starting:  # start once all arrivals at this instant are in
-                    engine.starting = True
-                    post(t, _START, engine.name)
-            elif engine.truncate(t):
-                schedule_end(engine)
-        elif kind == _START:
-            engine = by_name[obj]
-            engine.starting = False
-            if engine.begin_step(t) is not None:
-                schedule_end(engine)
-        else:
-            name, version = obj
-            if version != step_version[name]:
-                continue
-            engine = by_name[name]
-            # Calls that this step's completions release (zero tool gap) arrive at
-            # the same instant; the next step starts after them, as in a real engine.
-            engine.starting = True
-            post(engine.finish_step(), _START, name)
-
-    return SimResult(*_metrics(runs, jobs, sims, started))
-
-
-def _stopped_metrics(
-    runs: dict[str, ProgramRun], lowest: float, now: float, started: float
-) -> dict[str, Any]:
-    return {
-        "programs": len(runs),
-        "stopped_early": True,
-        "stopped_at": now,
-        "avg_latency_per_token": lowest,
-        "programs_finished": sum(1 for r in runs.values() if not r.calls_left),
-        "sim_seconds": time.perf_counter() - started,
-    }
-
-
-def _metrics(
-    runs: dict[str, ProgramRun], jobs: list[Job], sims: list[SimEngine], started: float
-) -> tuple[dict[str, Any], dict[str, float]]:
-    unfinished = [r.program_id for r in runs.values() if r.calls_left]
-    if unfinished:
-        raise RuntimeError(f"{len(unfinished)} programs did not finish, e.g. {unfinished[0]}")
-    lpt = {r.program_id: (r.end - r.arrival) / r.decode_total for r in runs.values()}
-    values = sorted(lpt.values())
-    counters = [e.core.counters for e in sims]
-    prompt = sum(e.kv.prompt_tokens for e in sims)
-    metrics = {
-        "programs": len(runs),
-        "stopped_early": False,
-        "calls": len(jobs),
-        "calls_completed": sum(len(r.done) for r in runs.values()),
-        "avg_latency_per_token": statistics.fmean(values),
-        "p50_latency_per_token": _percentile(values, 50),
-        "p95_latency_per_token": _percentile(values, 95),
-        "p99_latency_per_token": _percentile(values, 99),
-        "makespan": max(r.end for r in runs.values()),
-        "total_wait": sum(j.wait_s for j in jobs),
-        "preemptions": sum(e.preemptions for e in sims),
-        "promotions": sum(c.promotions for c in counters),
-        "demotions": sum(c.demotions for c in counters),
-        "recomputed_tokens": sum(e.recomputed_tokens for e in sims),
-        "prefix_hit_rate": sum(e.kv.hit_tokens for e in sims) / prompt if prompt else 0.0,
-        "engine_steps": sum(e.steps for e in sims),
-        "sim_seconds": time.perf_counter() - started,
-    }
-    return metrics, lpt
+    return Simulation(
+        programs,
+        policy,
+        engines=engines,
+        lb=lb,
+        preset=preset,
+        max_num_seqs=max_num_seqs,
+        config=config,
+        locality_threshold=locality_threshold,
+        stop_above=stop_above,
+    ).run()
