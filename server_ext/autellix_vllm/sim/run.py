@@ -22,21 +22,26 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..policy import EngineLoad, PolicyConfig, ProgramScheduler, make_balancer, make_policy
+from ..policy import (
+    POLICY_NAMES,
+    EngineLoad,
+    PolicyConfig,
+    ProgramScheduler,
+    make_balancer,
+    make_policy,
+)
 from ..stats import percentile
 from ..workloads.trace import CallSpec, ProgramSpec
 from .engine import Job, ProgramRun, SimEngine
 from .presets import EnginePreset, get_preset
 
-# Simulator policy name -> (policy core name, prefix caching on?)
+# Simulator policy name -> (policy core name, prefix caching on?). `vllm` and
+# `vllm-opt` are stock vLLM (the core's fcfs) without and with prefix caching;
+# every other core policy runs under its own name, with prefix caching.
 SIM_POLICIES: dict[str, tuple[str, bool]] = {
     "vllm": ("fcfs", False),
     "vllm-opt": ("fcfs", True),
-    "mlfq": ("mlfq", True),
-    "plas": ("plas", True),
-    "atlas": ("atlas", True),
-    "autellix": ("autellix", True),
-    "srpt": ("srpt", True),
+    **{name: (name, True) for name in POLICY_NAMES if name != "fcfs"},
 }
 
 _ARRIVE, _START, _END = 0, 1, 2  # same-time order: arrivals first, then steps
