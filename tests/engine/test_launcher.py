@@ -6,6 +6,8 @@ import sys
 import pytest
 from autellix_vllm.engine import launcher
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, EngineStartError
+from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, SettingError
+from autellix_vllm.policy import Levels
 
 
 def flag(cmd, name):
@@ -88,8 +90,59 @@ def test_the_users_omp_num_threads_wins(monkeypatch):
 
 
 def test_unknown_scheduler_is_an_error():
-    with pytest.raises(ValueError, match="unknown scheduler"):
+    with pytest.raises(ValueError, match="unknown scheduler 'lifo' \\(choose from autellix, vllm"):
         launcher.server_command(EngineConfig(scheduler="lifo"), "/m", 1)
+
+
+def test_vllm_is_stock_vllm_and_fcfs_another_name_for_it():
+    stock = launcher.server_command(EngineConfig(scheduler="vllm"), "/m", 1)
+    assert stock == launcher.server_command(EngineConfig(scheduler="fcfs"), "/m", 1)
+    assert "--scheduler-cls" not in stock
+
+
+@pytest.fixture
+def clean_environment(monkeypatch):
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_policy_settings_reach_the_engine_as_autellix_variables(clean_environment):
+    config = EngineConfig(policy="plas", beta=4.0, levels=Levels.parse("0,4,8"))
+    env = launcher.server_environment(config)
+    assert (env["AUTELLIX_POLICY"], env["AUTELLIX_BETA"], env["AUTELLIX_LEVELS"]) == (
+        "plas", "4.0", "0,4,8",
+    )  # fmt: skip
+    settings = SchedulerSettings.from_env(env)
+    assert settings.policy == "plas" and settings.config.beta == 4.0
+    assert "AUTELLIX_POLICY" not in launcher.server_environment(EngineConfig())
+
+
+def test_config_settings_win_over_extra_env_over_the_environment(clean_environment):
+    clean_environment.setenv("AUTELLIX_BETA", "2")
+    clean_environment.setenv("AUTELLIX_POLICY", "mlfq")
+    extra_env = {"AUTELLIX_BETA": "3", "AUTELLIX_LEVELS": "0,9"}
+    config = EngineConfig(policy="atlas", extra_env=extra_env)
+    assert launcher.scheduler_environment(config) == {
+        "AUTELLIX_POLICY": "atlas", "AUTELLIX_BETA": "3", "AUTELLIX_LEVELS": "0,9",
+    }  # fmt: skip
+
+
+def test_a_bad_inherited_variable_stops_the_launch_before_any_process(clean_environment):
+    clean_environment.setenv("AUTELLIX_BETA", "-1")
+    clean_environment.setattr(EngineProcess, "command", lambda self: ["true"])
+    engine = EngineProcess(EngineConfig(port=0))
+    with pytest.raises(SettingError, match="AUTELLIX_BETA='-1': must be positive"):
+        engine.start()
+    assert engine.process is None
+    # Stock vLLM reads none of them.
+    assert launcher.scheduler_environment(EngineConfig(scheduler="vllm")) == {"AUTELLIX_BETA": "-1"}
+
+
+def test_policy_settings_need_the_autellix_scheduler():
+    for setting in ({"policy": "plas"}, {"beta": 2.0}, {"levels": Levels()}):
+        with pytest.raises(ValueError, match="tune the Autellix scheduler"):
+            EngineConfig(scheduler="vllm", **setting)
 
 
 def test_a_server_that_dies_raises_with_its_log_tail_and_leaves_nothing(monkeypatch, tmp_path):

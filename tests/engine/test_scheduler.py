@@ -251,6 +251,36 @@ def test_time_service_unit_charges_seconds(harness):
     assert 0 < program(scheduler, "P")["attained_service"] < 1.0
 
 
+def test_the_policy_comes_from_autellix_policy(harness):
+    scheduler = harness.scheduler(max_num_seqs=1, AUTELLIX_POLICY="fcfs", **SMALL_LEVELS)
+    assert scheduler.autellix_snapshot()["policy"] == "fcfs"
+    # FCFS: arrival order, whatever the programs' service.
+    scheduler.add_request(harness.request("old-1", program="old", prior_service=100))
+    scheduler.add_request(harness.request("new-1", program="new"))
+    order = []
+    while scheduler.has_requests():
+        order += admitted(harness.step(scheduler))
+    assert order == ["old-1", "new-1"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("AUTELLIX_POLICY", "srpt", "only the simulator can run it"),
+        ("AUTELLIX_POLICY", "lottery", "unknown policy"),
+        ("AUTELLIX_BETA", "-1", "must be positive"),
+        ("AUTELLIX_LEVELS", "0,x", "comma-separated numbers"),
+    ],
+)
+def test_a_bad_variable_stops_the_scheduler_with_one_error_naming_it(
+    harness, variable, value, problem
+):
+    from autellix_vllm.engine.settings import SettingError
+
+    with pytest.raises(SettingError, match=f"^{variable}='{value}': .*{problem}"):
+        harness.scheduler(**{variable: value})
+
+
 def test_table_snapshot_shows_calls_threads_and_queue_depth(harness):
     scheduler = harness.scheduler(max_num_seqs=1, **SMALL_LEVELS)
     scheduler.add_request(harness.request("a", program="P", thread="main", call_id="c-a"))

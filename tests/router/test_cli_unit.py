@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -18,12 +19,79 @@ SERVE = [sys.executable, "-m", "autellix_vllm"]
         ["serve", "--api-key", "k", "--upstream", "http://10.9.9.9:8000"],
         ["serve", "--upstream", "http://127.0.0.1:9/v1"],
         ["ps", "--url", "http://127.0.0.1:9"],
+        ["serve", "--policy", "srpt"],
+        ["serve", "--upstream", "http://127.0.0.1:9", "--policy", "plas"],
+        ["engine", "--beta", "0"],
     ],
 )
 def test_bad_command_lines_end_with_one_line_and_code_2(arguments):
     result = subprocess.run([*SERVE, *arguments], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result
     assert len(result.stderr.strip().splitlines()) == 1 and "error" in result.stderr
+
+
+def test_a_bad_autellix_variable_ends_with_one_line_and_code_2_before_any_engine():
+    env = {**os.environ, "AUTELLIX_POLICY": "lottery"}
+    result = subprocess.run(
+        [*SERVE, "engine", "--port", "0"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 2, result
+    assert result.stderr.strip() == (
+        "autellix engine: error: AUTELLIX_POLICY='lottery': unknown policy 'lottery'"
+        " (choose from fcfs, mlfq, plas, atlas, autellix)"
+    )
+
+
+def parse(command: str, *arguments: str):
+    from autellix_vllm.cli import build_parser
+
+    return build_parser({command: f"autellix_vllm.cli.{command}"}).parse_args(
+        [command, *arguments]
+    )
+
+
+def parse_error(capsys, command: str, *arguments: str) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        parse(command, *arguments)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["engine", "serve"])
+def test_policy_flags_reach_the_engine_config(command, monkeypatch):
+    from autellix_vllm.cli.engine import engine_config_from_args
+
+    monkeypatch.delenv("AUTELLIX_POLICY", raising=False)
+    args = parse(command, "--policy", "plas", "--beta", "4", "--levels", "0,4,8")
+    config = engine_config_from_args(args)
+    assert (config.scheduler, config.policy, config.beta) == ("autellix", "plas", 4.0)
+    assert config.levels.boundaries == (0.0, 4.0, 8.0)
+    default = engine_config_from_args(parse(command))
+    assert (default.policy, default.beta, default.levels) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--policy", "srpt"], "argument --policy: srpt is a clairvoyant oracle"),
+        (["--policy", "vllm"], "unknown policy 'vllm' (choose from fcfs, mlfq, plas, atlas,"),
+        (["--beta", "-2"], "argument --beta: must be positive, got -2"),
+        (["--levels", "8,16"], "argument --levels: level boundaries must start at 0"),
+        (["--scheduler", "stock"], "invalid choice: 'stock'"),
+    ],
+)
+def test_bad_policy_flags_are_one_line_errors(capsys, arguments, message):
+    assert message in parse_error(capsys, "engine", *arguments)
+
+
+def test_every_scheduler_name_parses_and_stock_vllm_takes_no_policy():
+    from autellix_vllm.cli import UsageError
+    from autellix_vllm.cli.engine import engine_config_from_args
+
+    for name in ("autellix", "vllm", "fcfs"):
+        assert engine_config_from_args(parse("engine", "--scheduler", name)).scheduler == name
+    with pytest.raises(UsageError, match="tune the Autellix scheduler"):
+        engine_config_from_args(parse("engine", "--scheduler", "vllm", "--policy", "plas"))
 
 
 def serve_args(*arguments: str):

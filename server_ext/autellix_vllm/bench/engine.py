@@ -9,9 +9,9 @@ few cores, also lets one engine crowd out the other (on 2 cores stock FCFS
 against itself measured a ratio of 0.2; docs/benchmarks.md). Naming the same
 scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
 
-* the programs come from the simulator's generators (:mod:`autellix_vllm.sim.
-  workloads`: heavy-tailed calls per program, log-normal lengths, Poisson
-  arrivals), with token counts scaled down to the tiny CPU model;
+* the programs come from the simulator's workloads (:mod:`autellix_vllm.workloads`:
+  heavy-tailed calls per program, log-normal lengths, Poisson arrivals), with
+  token counts scaled down to the tiny CPU model;
 * a call's prompt is its program's transcript so far, so later calls share
   their prefix with earlier ones, as agent calls do;
 * decode lengths are forced (``ignore_eos`` and ``max_tokens``);

@@ -14,6 +14,8 @@ import sys
 from typing import Any
 
 from autellix_vllm.cli import UsageError
+from autellix_vllm.engine.launcher import SCHEDULERS
+from autellix_vllm.workloads import WORKLOAD_SPECS
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -26,9 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     engine.add_argument("--programs", type=int, help="programs in the workload (default 32)")
     engine.add_argument("--quick", action="store_true", help="16 programs: about 2 minutes")
     engine.add_argument("--seed", type=int, default=0)
-    engine.add_argument(
-        "--workload", default="mixed", choices=["sharegpt", "bfcl", "lats", "mixed"]
-    )
+    engine.add_argument("--workload", default="mixed", choices=list(WORKLOAD_SPECS))
     engine.add_argument(
         "--rate", type=float, help="program arrivals per second (default: from the probe)"
     )
@@ -36,7 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     engine.add_argument(
         "--schedulers",
         default="fcfs,autellix",
-        help="baseline,candidate (fcfs or autellix); the same twice measures the noise floor",
+        help=f"baseline,candidate ({', '.join(SCHEDULERS)}: as engine --scheduler);"
+        " the same twice measures the noise floor",
     )
     engine.add_argument(
         "--side-by-side",
@@ -62,8 +63,10 @@ def _run_engine(args: argparse.Namespace) -> int:
     from autellix_vllm.bench.engine import BenchSettings, run_engine_bench
 
     schedulers = tuple(args.schedulers.split(","))
-    if len(schedulers) != 2 or not set(schedulers) <= {"fcfs", "autellix"}:
-        raise UsageError("--schedulers takes two of fcfs and autellix, e.g. fcfs,autellix")
+    if len(schedulers) != 2 or not set(schedulers) <= set(SCHEDULERS):
+        raise UsageError(
+            f"--schedulers takes two of {', '.join(SCHEDULERS)}, e.g. vllm,autellix"
+        )
     overrides: dict[str, Any] = {
         "seed": args.seed,
         "workload": args.workload,
@@ -105,9 +108,7 @@ def _add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
     router.add_argument("--programs", type=int, default=32)
     router.add_argument("--rate", type=float, default=4.0, help="program arrivals per second")
     router.add_argument("--seed", type=int, default=0)
-    router.add_argument(
-        "--workload", default="sharegpt", choices=["sharegpt", "bfcl", "lats", "mixed"]
-    )
+    router.add_argument("--workload", default="sharegpt", choices=list(WORKLOAD_SPECS))
     router.add_argument("--token-scale", type=float, default=0.5, help="workload tokens x this")
     router.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch size")
     router.add_argument("--engines", type=int, default=2, help="engines per policy")

@@ -1,6 +1,8 @@
 """``autellix engine``: run one vLLM server with the Autellix scheduler until Ctrl-C.
 
     autellix engine                          # the embedded tiny model, port 8000
+    autellix engine --policy plas --beta 4   # another policy of the Autellix scheduler
+    autellix engine --scheduler vllm         # stock vLLM, the baseline
     autellix engine --model /path/to/model --port 8001 -- --max-num-batched-tokens 2048
 
 Everything after ``--`` goes to vLLM unchanged.
@@ -13,12 +15,17 @@ import sys
 from pathlib import Path
 
 from autellix_vllm.cli import UsageError
+from autellix_vllm.cli._arguments import checked
 from autellix_vllm.engine.launcher import (
+    SCHEDULERS,
     EngineConfig,
     EngineProcess,
     EngineStartError,
+    scheduler_environment,
     stop_on_signals,
 )
+from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES, engine_policy, positive_number
+from autellix_vllm.policy import Levels
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -53,9 +60,25 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--scheduler",
-        choices=["autellix", "fcfs"],
+        choices=list(SCHEDULERS),
         default=defaults.scheduler,
-        help="fcfs runs stock vLLM (a baseline)",
+        help="; ".join(f"{name}: {meaning}" for name, meaning in SCHEDULERS.items()),
+    )
+    parser.add_argument(
+        "--policy",
+        type=checked(engine_policy),
+        metavar="{" + ",".join(ENGINE_POLICY_NAMES) + "}",
+        help="the Autellix scheduler's policy (default: $AUTELLIX_POLICY, else autellix)",
+    )
+    parser.add_argument(
+        "--beta",
+        type=checked(positive_number),
+        help="anti-starvation ratio (default: $AUTELLIX_BETA, else 8)",
+    )
+    parser.add_argument(
+        "--levels",
+        type=checked(Levels.parse),
+        help="level boundaries in service units, e.g. 0,128,512 (default: $AUTELLIX_LEVELS)",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default=defaults.device)
     parser.add_argument("--log-file", type=Path, help="also append the server's output here")
@@ -82,12 +105,20 @@ def engine_config_from_args(args: argparse.Namespace, **overrides: object) -> En
         max_model_len=args.max_model_len,
         kv_cache_gib=args.kv_cache_gib,
         scheduler=args.scheduler,
+        policy=args.policy,
+        beta=args.beta,
+        levels=args.levels,
         device=args.device,
         log_file=args.log_file,
         extra_args=list(getattr(args, "vllm_args", None) or []),
     )
     values.update(overrides)
-    return EngineConfig(**values)  # type: ignore[arg-type]
+    try:
+        config = EngineConfig(**values)  # type: ignore[arg-type]
+        scheduler_environment(config)  # also the AUTELLIX_* variables it inherits
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return config
 
 
 def run(args: argparse.Namespace) -> int:

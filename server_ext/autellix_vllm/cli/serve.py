@@ -2,6 +2,7 @@
 
     autellix serve                                  # 1 engine, the embedded tiny model (CPU)
     autellix serve --engines 2 --lb locality        # 2 engines, paper Algorithm 2
+    autellix serve --policy plas                    # the engines' policy (docs/scheduling.md)
     autellix serve --model /models/llama-8b         # on GPUs: one engine per GPU
     autellix serve --model /models/llama-70b --tensor-parallel-size 4
     autellix serve --upstream http://127.0.0.1:8001 --upstream http://127.0.0.1:8002
@@ -134,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     if args.upstream:
-        if args.engines is not None or args.model is not None:
-            raise UsageError("--upstream routes over running engines: drop --engines/--model")
+        engine_flags = ("engines", "model", "policy", "beta", "levels")
+        given = [f"--{flag}" for flag in engine_flags if getattr(args, flag) is not None]
+        if given:
+            raise UsageError(f"--upstream routes over running engines: drop {'/'.join(given)}")
         config = router_config_from_args(args, args.upstream)
         return run_router(config, args.host, args.port)
     engine_configs = plan_engines(args)

@@ -28,14 +28,17 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, settings_env
 from autellix_vllm.engine.tiny_model import SERVED_MODEL_NAME, ensure_tiny_model
+from autellix_vllm.policy import Levels
+from autellix_vllm.registry import lookup
 
 SCHEDULER_CLS = "autellix_vllm.engine.scheduler.AutellixScheduler"
 ASYNC_SCHEDULER_CLS = "autellix_vllm.engine.scheduler.AutellixAsyncScheduler"
@@ -43,6 +46,15 @@ MIDDLEWARE = "autellix_vllm.engine.middleware.IdentityMiddleware"
 # VLLM_PLUGINS is an allowlist for every plugin group: naming only the endpoint
 # plugin would silently stop the engine-side (general) plugin from loading.
 PLUGIN_NAMES = ("autellix_general", "autellix_endpoint")
+
+# Which scheduler vLLM runs: ours, or stock vLLM's (FCFS, the baseline).
+# "fcfs" is another name for "vllm"; the policy named fcfs is a different thing
+# (FCFS inside the Autellix scheduler, --policy fcfs).
+SCHEDULERS = {
+    "autellix": "the program-aware scheduler (--policy chooses its policy)",
+    "vllm": "stock vLLM (FCFS), the baseline",
+    "fcfs": "another name for vllm",
+}
 
 LOG_TAIL_LINES = 40
 
@@ -60,8 +72,13 @@ class EngineConfig:
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000  # 0 picks a free port
-    # "autellix": the program-aware scheduler; "fcfs": stock vLLM, for baselines.
-    scheduler: str = "autellix"
+    scheduler: str = "autellix"  # a name in SCHEDULERS
+    # The Autellix scheduler's policy settings (engine.settings). None leaves the
+    # AUTELLIX_* variable the engine inherits (extra_env, then this process's
+    # environment), or else its default.
+    policy: str | None = None
+    beta: float | None = None
+    levels: Levels | None = None
     max_num_seqs: int = 16
     max_model_len: int = 1024
     kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
@@ -73,6 +90,15 @@ class EngineConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     log_file: Path | None = None
     echo: bool = False  # also copy the server's output to this process's stderr
+
+    def __post_init__(self) -> None:
+        lookup(SCHEDULERS, self.scheduler, "scheduler")
+        tuning = (self.policy, self.beta, self.levels)
+        if self.scheduler != "autellix" and any(value is not None for value in tuning):
+            raise ValueError(
+                "policy, beta and levels tune the Autellix scheduler;"
+                f" scheduler {self.scheduler} is stock vLLM"
+            )
 
     def resolved_device(self) -> str:
         """``gpu`` only for an explicit model on a machine with the GPU build and a GPU."""
@@ -115,10 +141,8 @@ def server_command(config: EngineConfig, model_path: str, port: int) -> list[str
     if config.scheduler == "autellix":
         scheduler_cls = ASYNC_SCHEDULER_CLS if device == "gpu" else SCHEDULER_CLS
         cmd += ["--scheduler-cls", scheduler_cls, "--scheduling-policy", "priority"]
-    elif config.scheduler == "fcfs":
-        cmd += ["--scheduling-policy", "fcfs"]
     else:
-        raise ValueError(f"unknown scheduler {config.scheduler!r} (autellix or fcfs)")
+        cmd += ["--scheduling-policy", "fcfs"]
     if device == "cpu":
         cmd += ["--enforce-eager"]
         if config.model is None:
@@ -139,7 +163,24 @@ def server_environment(config: EngineConfig) -> dict[str, str]:
         env.setdefault("OMP_NUM_THREADS", str(cpu_threads_per_engine(config.engines_on_host)))
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
     env.update(config.extra_env)
+    env.update(scheduler_environment(config, env))
     return env
+
+
+def scheduler_environment(
+    config: EngineConfig, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """The ``AUTELLIX_*`` variables of an engine started from ``environ``: the
+    config's policy settings over its ``extra_env`` over ``environ``. Checked
+    here, so a bad value stops the launch before any process starts
+    (:class:`~autellix_vllm.engine.settings.SettingError` names the variable)."""
+    given = {**environ, **config.extra_env}
+    inherited = {name: given[name] for name in VARIABLES if name in given}
+    if config.scheduler != "autellix":
+        return inherited  # stock vLLM reads none of them
+    variables = {**inherited, **settings_env(config.policy, config.beta, config.levels)}
+    SchedulerSettings.from_env(variables)
+    return variables
 
 
 def cpu_threads_per_engine(engines: int) -> int:

@@ -22,10 +22,10 @@ of victims. This module only connects the core to vLLM's scheduler:
 
 vLLM internals are reached only through :mod:`autellix_vllm.engine._vllm_adapter`.
 
-Configuration comes from the environment, since vLLM builds the scheduler
-itself: ``AUTELLIX_POLICY`` (default ``autellix``), ``AUTELLIX_BETA``,
-``AUTELLIX_SERVICE_UNIT`` (``tokens`` or ``time``), ``AUTELLIX_LEVELS``
-(comma-separated level boundaries) and ``AUTELLIX_IDLE_TTL_S``.
+Configuration comes from the ``AUTELLIX_*`` environment variables, since vLLM
+builds the scheduler itself (:mod:`autellix_vllm.engine.settings` lists them).
+They are read before vLLM builds anything: a bad value stops the engine with
+one :class:`~autellix_vllm.engine.settings.SettingError` naming the variable.
 """
 
 from __future__ import annotations
@@ -44,15 +44,8 @@ from autellix_vllm.engine._vllm_adapter import (
     Scheduler,
     SchedulerOutput,
 )
-from autellix_vllm.policy import (
-    Call,
-    CallState,
-    Levels,
-    PolicyConfig,
-    ProgramScheduler,
-    ServiceMeter,
-    make_policy,
-)
+from autellix_vllm.engine.settings import SchedulerSettings
+from autellix_vllm.policy import Call, CallState, ProgramScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -65,22 +58,7 @@ def core_from_env(
 ) -> ProgramScheduler:
     """The policy core, configured by ``AUTELLIX_*`` variables (see module doc),
     for an engine of ``seats`` sequences."""
-    defaults = PolicyConfig()
-    levels = defaults.levels
-    if environ.get("AUTELLIX_LEVELS"):
-        bounds = tuple(float(b) for b in environ["AUTELLIX_LEVELS"].split(","))
-        levels = Levels(boundaries=bounds)
-    unit = environ.get("AUTELLIX_SERVICE_UNIT", defaults.meter.unit)
-    meter = ServiceMeter(unit=unit)  # type: ignore[arg-type]
-    config = PolicyConfig(
-        levels=levels,
-        meter=meter,
-        beta=float(environ.get("AUTELLIX_BETA", defaults.beta)),
-        idle_ttl_s=float(environ.get("AUTELLIX_IDLE_TTL_S", defaults.idle_ttl_s)),
-        atlas_variant=defaults.atlas_variant,
-    )
-    policy = make_policy(environ.get("AUTELLIX_POLICY", "autellix"), config.atlas_variant)
-    return ProgramScheduler(policy, config, seats=seats)
+    return SchedulerSettings.from_env(environ).core(seats)
 
 
 class ProgramRequestQueue(RequestQueue):
@@ -156,8 +134,9 @@ class AutellixSchedulerMixin:
     waiting: RequestQueue
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        settings = SchedulerSettings.from_env(os.environ)  # before vLLM builds anything
         super().__init__(*args, **kwargs)
-        self.core = core_from_env(seats=adapter.batch_seats(self))
+        self.core = settings.core(seats=adapter.batch_seats(self))
         self.calls: dict[str, Call] = {}  # request id -> call, while the request lives
         self.waiting = ProgramRequestQueue(self.core, self.calls)
         self.calls_without_identity = 0

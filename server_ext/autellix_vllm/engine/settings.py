@@ -1,0 +1,128 @@
+"""The Autellix scheduler's settings, and the ``AUTELLIX_*`` variables that carry them.
+
+vLLM builds the scheduler itself, so the scheduler reads its settings from the
+engine process's environment; ``autellix engine`` and ``autellix serve`` write
+them from ``--policy``, ``--beta`` and ``--levels`` (through the launcher).
+Both sides parse a value with the functions here: a value the command line
+accepts is one the scheduler accepts, and a bad one, from a flag or from the
+environment, is one error naming it before any process starts.
+
+=========================  ==================================================
+variable                   value (docs/engine.md has the defaults)
+=========================  ==================================================
+``AUTELLIX_POLICY``        a policy an engine can run (:data:`ENGINE_POLICY_NAMES`)
+``AUTELLIX_BETA``          the anti-starvation ratio, > 0
+``AUTELLIX_LEVELS``        level boundaries, e.g. ``0,128,512``
+``AUTELLIX_SERVICE_UNIT``  ``tokens`` or ``time``
+``AUTELLIX_IDLE_TTL_S``    seconds, > 0
+=========================  ==================================================
+
+An empty variable counts as unset. Importing this module imports nothing from vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar, cast
+
+from autellix_vllm.policy import (
+    POLICIES,
+    Levels,
+    PolicyConfig,
+    ProgramScheduler,
+    ServiceMeter,
+    make_policy,
+)
+from autellix_vllm.policy.config import ServiceUnit
+from autellix_vllm.registry import unknown
+
+T = TypeVar("T")
+
+POLICY = "AUTELLIX_POLICY"
+BETA = "AUTELLIX_BETA"
+LEVELS = "AUTELLIX_LEVELS"
+SERVICE_UNIT = "AUTELLIX_SERVICE_UNIT"
+IDLE_TTL_S = "AUTELLIX_IDLE_TTL_S"
+VARIABLES = (POLICY, BETA, LEVELS, SERVICE_UNIT, IDLE_TTL_S)
+
+DEFAULT_POLICY = "autellix"
+# Every core policy but the clairvoyant ones, which need each program's future.
+ENGINE_POLICY_NAMES = tuple(name for name, policy in POLICIES.items() if not policy.clairvoyant)
+
+
+class SettingError(ValueError):
+    """A bad ``AUTELLIX_*`` value; the message names the variable."""
+
+
+def engine_policy(name: str) -> str:
+    """``name`` if a real engine can run that policy, else a ValueError saying why."""
+    if name not in POLICIES:
+        raise ValueError(unknown("policy", name, ENGINE_POLICY_NAMES))
+    if POLICIES[name].clairvoyant:
+        raise ValueError(
+            f"{name} is a clairvoyant oracle (it needs every program's remaining work),"
+            f" so only the simulator can run it (autellix simulate run --policy {name});"
+            f" an engine runs {', '.join(ENGINE_POLICY_NAMES)}"
+        )
+    return name
+
+
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise ValueError(f"must be positive, got {text}")
+    return value
+
+
+def service_meter(unit: str) -> ServiceMeter:
+    """The default meter in ``unit`` (``tokens`` or ``time``; ServiceMeter checks it)."""
+    return ServiceMeter(unit=cast(ServiceUnit, unit))
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """A core policy by name and its parameters: what one engine's scheduler runs."""
+
+    policy: str = DEFAULT_POLICY
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> SchedulerSettings:
+        """Settings from the ``AUTELLIX_*`` variables (unset ones keep their defaults);
+        :class:`SettingError` names the first bad one."""
+
+        def read(name: str, parse: Callable[[str], T], default: T) -> T:
+            text = environ.get(name, "")
+            if not text:
+                return default
+            try:
+                return parse(text)
+            except ValueError as exc:
+                raise SettingError(f"{name}={text!r}: {exc}") from None
+
+        defaults = PolicyConfig()
+        config = PolicyConfig(
+            levels=read(LEVELS, Levels.parse, defaults.levels),
+            meter=read(SERVICE_UNIT, service_meter, defaults.meter),
+            beta=read(BETA, positive_number, defaults.beta),
+            idle_ttl_s=read(IDLE_TTL_S, positive_number, defaults.idle_ttl_s),
+            atlas_variant=defaults.atlas_variant,
+        )
+        return cls(read(POLICY, engine_policy, DEFAULT_POLICY), config)
+
+    def core(self, seats: int | None = None) -> ProgramScheduler:
+        """The policy core for an engine of ``seats`` sequences."""
+        policy = make_policy(self.policy, self.config.atlas_variant)
+        return ProgramScheduler(policy, self.config, seats=seats)
+
+
+def settings_env(
+    policy: str | None = None, beta: float | None = None, levels: Levels | None = None
+) -> dict[str, str]:
+    """The variables that give an engine these settings; ``None`` sets nothing."""
+    values = {POLICY: policy, BETA: beta, LEVELS: levels}
+    return {name: str(value) for name, value in values.items() if value is not None}

@@ -1,0 +1,75 @@
+"""The Autellix scheduler's settings from ``AUTELLIX_*`` variables (no vLLM needed)."""
+
+import pytest
+from autellix_vllm.engine.settings import (
+    ENGINE_POLICY_NAMES,
+    SchedulerSettings,
+    SettingError,
+    engine_policy,
+    settings_env,
+)
+from autellix_vllm.policy import Levels, PolicyConfig
+
+
+def test_unset_and_empty_variables_keep_the_defaults():
+    for environ in ({}, {"AUTELLIX_POLICY": "", "AUTELLIX_BETA": "", "AUTELLIX_LEVELS": ""}):
+        assert SchedulerSettings.from_env(environ) == SchedulerSettings("autellix", PolicyConfig())
+
+
+def test_every_variable_is_read():
+    settings = SchedulerSettings.from_env(
+        {
+            "AUTELLIX_POLICY": "plas",
+            "AUTELLIX_BETA": "2.5",
+            "AUTELLIX_LEVELS": "0,4,8",
+            "AUTELLIX_SERVICE_UNIT": "time",
+            "AUTELLIX_IDLE_TTL_S": "30",
+        }
+    )
+    assert settings.policy == "plas"
+    config = settings.config
+    assert (config.beta, config.levels.boundaries) == (2.5, (0.0, 4.0, 8.0))
+    assert (config.meter.unit, config.idle_ttl_s) == ("time", 30.0)
+    core = settings.core(seats=4)
+    assert core.policy.name == "plas" and core.config == config
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("AUTELLIX_POLICY", "lottery", "unknown policy 'lottery' (choose from fcfs, mlfq, plas"),
+        ("AUTELLIX_POLICY", "srpt", "clairvoyant oracle"),
+        ("AUTELLIX_BETA", "fast", "not a number"),
+        ("AUTELLIX_BETA", "0", "must be positive"),
+        ("AUTELLIX_BETA", "nan", "must be positive"),
+        ("AUTELLIX_LEVELS", "4,8", "must start at 0"),
+        ("AUTELLIX_LEVELS", "0;4", "comma-separated numbers"),
+        ("AUTELLIX_SERVICE_UNIT", "seconds", "unknown service unit"),
+        ("AUTELLIX_IDLE_TTL_S", "-1", "must be positive"),
+    ],
+)
+def test_a_bad_value_is_one_error_naming_the_variable(variable, value, problem):
+    with pytest.raises(SettingError) as error:
+        SchedulerSettings.from_env({variable: value})
+    assert str(error.value).startswith(f"{variable}={value!r}: ")
+    assert problem in str(error.value)
+
+
+def test_an_engine_runs_every_policy_but_the_oracle():
+    assert ENGINE_POLICY_NAMES == ("fcfs", "mlfq", "plas", "atlas", "autellix")
+    assert all(engine_policy(name) == name for name in ENGINE_POLICY_NAMES)
+    with pytest.raises(ValueError, match="only the simulator can run it"):
+        engine_policy("srpt")
+
+
+def test_settings_env_writes_what_from_env_reads():
+    variables = settings_env("atlas", 1e12, Levels.parse("0,16,64"))
+    assert variables == {
+        "AUTELLIX_POLICY": "atlas",
+        "AUTELLIX_BETA": "1000000000000.0",
+        "AUTELLIX_LEVELS": "0,16,64",
+    }
+    settings = SchedulerSettings.from_env(variables)
+    assert (settings.policy, settings.config.beta) == ("atlas", 1e12)
+    assert settings.config.levels == Levels.parse("0,16,64")
+    assert settings_env() == {}
