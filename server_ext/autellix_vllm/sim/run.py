@@ -30,6 +30,7 @@ from ..policy import (
     make_balancer,
     make_policy,
 )
+from ..registry import lookup
 from ..stats import percentile
 from ..workloads.trace import CallSpec, ProgramSpec
 from .engine import Job, ProgramRun, SimEngine
@@ -117,12 +118,10 @@ class Simulation:
         locality_threshold: int,
         stop_above: float | None,
     ) -> None:
-        if policy not in SIM_POLICIES:
-            raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(SIM_POLICIES)})")
+        core_policy, prefix_caching = lookup(SIM_POLICIES, policy, "policy")
         if engines < 1:
             raise ValueError("need at least one engine")
         spec = get_preset(preset).with_max_num_seqs(max_num_seqs)
-        core_policy, prefix_caching = SIM_POLICIES[policy]
         config = config or PolicyConfig()
         self.balancer = make_balancer(lb, locality_threshold)
         self.started = time.perf_counter()
