@@ -4,16 +4,12 @@ It runs a real aiohttp server on 127.0.0.1 in a background thread (so blocking
 clients work too) and records every request it receives. Switches inject the
 failures the SDK must survive: error statuses, connection resets, a server
 without the program API (404), and a program end that never answers.
-
-Run it alone (for benchmarks): `python tests/sdk/fake_server.py` prints
-`PORT <n>` and serves until killed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -295,14 +291,3 @@ async def stream_events(request: web.Request, events: list[dict[str, Any]]) -> w
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
-
-
-def main() -> None:
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    server = FakeOpenAIServer().start(port)
-    print(f"PORT {server.port}", flush=True)
-    threading.Event().wait()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,1 +1,1 @@
-"""Benchmarks of the engine extension (``autellix bench ...``)."""
+"""Benchmarks of the engine extension, the router and the client SDK (``autellix bench ...``)."""

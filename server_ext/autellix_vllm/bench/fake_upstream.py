@@ -1,8 +1,9 @@
-"""A minimal OpenAI-compatible upstream, ONLY for measuring the router alone.
+"""A minimal OpenAI-compatible upstream, ONLY for measuring the router or the SDK alone.
 
-It answers every call at once with a fixed completion, so a benchmark through
-the router measures the router's own cost and nothing of an engine. It is not
-used to test behaviour: those tests run against real vLLM engines.
+It answers every call at once with a fixed completion (and opens and ends
+programs as the router's program API does), so a benchmark through it
+measures the router's or the client's own cost and nothing of an engine. It
+is not used to test behaviour: those tests run against real vLLM engines.
 
     python -m autellix_vllm.bench.fake_upstream --port 0    # prints "PORT <n>"
 """
@@ -11,14 +12,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 
 from aiohttp import web
 
+from autellix_vllm.protocol import (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    PROGRAM_PATH,
+    PROGRAMS_PATH,
+)
+
 MODEL = "fake-model"
 
-_COMPLETION = json.dumps(
+COMPLETION_BODY = json.dumps(
     {
         "id": "cmpl-fake",
         "object": "chat.completion",
@@ -39,7 +48,7 @@ _MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"
 
 async def _complete(request: web.Request) -> web.Response:
     await request.read()
-    return web.Response(body=_COMPLETION, content_type="application/json")
+    return web.Response(body=COMPLETION_BODY, content_type="application/json")
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -50,12 +59,26 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response()
 
 
+_program_numbers = itertools.count(1)
+
+
+async def _open_program(request: web.Request) -> web.Response:
+    await request.read()
+    return web.json_response({"program_id": f"prog-{next(_program_numbers)}"})
+
+
+async def _end_program(request: web.Request) -> web.Response:
+    return web.json_response({"program_id": request.match_info["program_id"], "ended": True})
+
+
 def create_fake_upstream() -> web.Application:
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", _complete)
-    app.router.add_post("/v1/completions", _complete)
+    app.router.add_post(CHAT_COMPLETIONS_PATH, _complete)
+    app.router.add_post(COMPLETIONS_PATH, _complete)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
+    app.router.add_post(PROGRAMS_PATH, _open_program)
+    app.router.add_delete(PROGRAM_PATH, _end_program)
     return app
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import pkgutil
 import sys
+from typing import Any
 
 
 def _discover_commands() -> dict[str, str]:
@@ -31,6 +33,26 @@ COMMANDS: dict[str, str] = _discover_commands()
 
 class UsageError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""
+
+
+def print_result(result: dict[str, Any], as_json: bool) -> None:
+    """Print a command's result: with ``--json`` one JSON object on one line (for
+    scripts), else one ``key value`` row per entry, a nested dict's rows indented
+    under its key and floats to six significant digits."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        _print_rows(result, indent="")
+
+
+def _print_rows(result: dict[str, Any], indent: str) -> None:
+    for key, value in result.items():
+        if isinstance(value, dict):
+            print(f"{indent}{key}")
+            _print_rows(value, indent + "  ")
+        else:
+            shown = f"{value:.6g}" if isinstance(value, float) else value
+            print(f"{indent}{key!s:{30 - len(indent)}} {shown}")
 
 
 class _Parser(argparse.ArgumentParser):

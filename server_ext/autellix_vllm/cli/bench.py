@@ -4,16 +4,17 @@ autellix bench engine --quick --json    # program latency: stock FCFS vs Autelli
 autellix bench scheduler --json         # per-step overhead of the scheduler
 autellix bench router --json            # round-robin vs locality on 2 real engines
 autellix bench router-overhead --json   # the router alone, over a minimal upstream
+autellix bench sdk --json               # what the client SDK adds to a call
+autellix bench cpu-preset --json        # fit the simulator's cpu-tiny preset on the engine
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from autellix_vllm.cli import UsageError
+from autellix_vllm.cli import UsageError, print_result
 from autellix_vllm.engine.launcher import SCHEDULERS
 from autellix_vllm.workloads import WORKLOAD_SPECS
 
@@ -57,6 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     overhead.set_defaults(func=_run_overhead)
 
     _add_router_benchmarks(benches)
+    _add_client_and_calibration(benches)
 
 
 def _run_engine(args: argparse.Namespace) -> int:
@@ -87,7 +89,7 @@ def _run_engine(args: argparse.Namespace) -> int:
             f"{' side by side' if settings.side_by_side else ''}...",
             file=sys.stderr,
         )
-    _emit(run_engine_bench(settings), args.json)
+    print_result(run_engine_bench(settings), args.json)
     return 0
 
 
@@ -96,7 +98,7 @@ def _run_overhead(args: argparse.Namespace) -> int:
 
     if min(args.running, args.waiting, args.steps) < 1:
         raise UsageError("--running, --waiting and --steps must be positive")
-    _emit(measure(args.running, args.waiting, args.steps), args.json)
+    print_result(measure(args.running, args.waiting, args.steps), args.json)
     return 0
 
 
@@ -173,7 +175,7 @@ def _run_router(args: argparse.Namespace) -> int:
         side_by_side=args.side_by_side,
         chars_per_token=args.chars_per_token,
     )
-    _emit(result, args.json)
+    print_result(result, args.json)
     return 0
 
 
@@ -182,12 +184,40 @@ def _run_router_overhead(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0 or args.concurrency < 1 or args.latency_calls < 1:
         raise UsageError("--seconds, --concurrency and --latency-calls must be positive")
-    _emit(run_router_overhead(args.seconds, args.concurrency, args.latency_calls), args.json)
+    result = run_router_overhead(args.seconds, args.concurrency, args.latency_calls)
+    print_result(result, args.json)
     return 0
 
 
-def _emit(result: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result))
-    else:
-        print(json.dumps(result, indent=2))
+def _add_client_and_calibration(benches: argparse._SubParsersAction) -> None:
+    sdk = benches.add_parser("sdk", help="time the autellix SDK adds to a call over plain openai")
+    sdk.add_argument("--calls", type=int, default=2000, help="timed calls per client")
+    sdk.add_argument("--warmup", type=int, default=200, help="untimed calls per client")
+    sdk.add_argument(
+        "--transport", choices=("server", "mock"), default="server",
+        help="a minimal upstream in its own process (default) or in-process answers",
+    )  # fmt: skip
+    sdk.add_argument("--json", action="store_true", help="print only the JSON result")
+    sdk.set_defaults(func=_run_sdk)
+
+    preset = benches.add_parser(
+        "cpu-preset", help="fit the simulator's cpu-tiny step costs on the embedded engine"
+    )
+    preset.add_argument("--json", action="store_true", help="print only the JSON result")
+    preset.set_defaults(func=_run_cpu_preset)
+
+
+def _run_sdk(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.sdk import run_sdk_bench
+
+    if args.calls < 1 or args.warmup < 0:
+        raise UsageError("--calls must be positive and --warmup not negative")
+    print_result(run_sdk_bench(args.calls, args.warmup, args.transport), args.json)
+    return 0
+
+
+def _run_cpu_preset(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.cpu_preset import calibrate_cpu_preset
+
+    print_result(calibrate_cpu_preset(), args.json)
+    return 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from autellix_vllm.cli import UsageError
+from autellix_vllm.cli import UsageError, print_result
 from autellix_vllm.cli._arguments import checked
 
 from ..policy import BALANCER_NAMES, Levels, PolicyConfig, ServiceMeter
@@ -122,14 +121,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_bench)
 
-
-def _print(result: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        shown = f"{value:.6g}" if isinstance(value, float) else value
-        print(f"{key:28s} {shown}")
+    tune = commands.add_parser(
+        "tune", help="markdown tables: levels, beta, prefill weight, ATLAS variant per workload"
+    )
+    tune.add_argument("--quick", action="store_true", help="sharegpt and lats only")
+    tune.add_argument("--workers", type=_positive(int), default=2)
+    tune.set_defaults(func=_tune)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -155,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     source = {"trace": args.trace} if args.trace else {"workload": args.workload, "rate": args.rate}
-    _print({**source, "policy": args.policy, **result.metrics}, args.json)
+    print_result({**source, "policy": args.policy, **result.metrics}, args.json)
     return 0
 
 
@@ -186,12 +183,19 @@ def _sweep(args: argparse.Namespace) -> int:
         plot(curves, result["slo"], f"{args.workload}, {args.preset}, {args.engines} engine(s)",
              args.plot)
         result["plot"] = args.plot
-    _print(result, args.json)
+    print_result(result, args.json)
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
     from ..sim.bench_policy import bench_policy
 
-    _print(bench_policy(args.running, args.waiting, steps=args.steps), args.json)
+    print_result(bench_policy(args.running, args.waiting, steps=args.steps), args.json)
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from ..sim.tune import print_tables
+
+    print_tables(args.quick, args.workers)
     return 0

@@ -23,12 +23,12 @@ It is the setting of the paper's Figure 2 toy example.
 
 ``cpu-tiny``: the embedded engine of this repository (the tiny random-weight
 Llama on the CPU build of vLLM, 2 cores), calibrated with
-``python tests/bench/calibrate_cpu_preset.py``: two runs on a quiet machine,
+``autellix bench cpu-preset``: two runs on a quiet machine,
 with the launcher's one OpenMP thread, fitted a step of 1.6-2.2 ms plus
 0.003-0.155 ms per sequence (2.2-2.7 ms at 8 sequences: the model is so small
 that scheduling and inter-process overhead dominate), and 0.016-0.017 ms per
-prefilled token. (Session 1's 5.5-9 ms were measured with an OpenMP thread
-spinning on each of the 2 cores.) The batch and KV are the launcher's
+prefilled token. (With an OpenMP thread spinning on each of the 2 cores, a
+step takes 5.5-9 ms.) The batch and KV are the launcher's
 defaults: 16 sequences, 1 GiB of KV (512 bytes per token in float32: 2 layers x
 1 KV head x 32 dims x K and V), in vLLM's CPU blocks of 128 tokens.
 """

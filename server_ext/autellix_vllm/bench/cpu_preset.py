@@ -1,6 +1,4 @@
-"""Calibrate the simulator's ``cpu-tiny`` preset from the embedded CPU engine.
-
-    python tests/bench/calibrate_cpu_preset.py [--json]
+"""Calibrate the simulator's ``cpu-tiny`` preset: ``autellix bench cpu-preset``.
 
 Starts one real engine (stock FCFS scheduling, the tiny random-weight model),
 then measures:
@@ -11,20 +9,18 @@ then measures:
 * the prefill cost per prompt token (time to the first token of a long prompt,
   minus one base step, over the prompt length).
 
-Prints the fitted ``step_base``, ``per_decode`` and ``per_prefill`` that
-``autellix_vllm/sim/presets.py`` records for ``cpu-tiny``.
+Reports, in seconds, the fitted ``step_base``, ``per_decode`` and
+``per_prefill`` that :mod:`autellix_vllm.sim.presets` records for ``cpu-tiny``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import statistics
-import sys
 import time
 
 import openai
+
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess
 
 BATCHES = (1, 2, 4, 8)
@@ -82,20 +78,8 @@ async def measure(base_url: str, model: str) -> dict[str, float]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description="calibrate the cpu-tiny preset")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def calibrate_cpu_preset() -> dict[str, float]:
+    """Start the embedded engine and fit the preset's step costs (seconds)."""
     config = EngineConfig(port=0, scheduler="fcfs", max_num_seqs=8, max_model_len=1024)
     with EngineProcess(config) as engine:
-        result = asyncio.run(measure(engine.base_url, engine.served_model_name))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:20s} {value * 1e3:8.3f} ms")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return asyncio.run(measure(engine.base_url, engine.served_model_name))

@@ -1,60 +1,44 @@
-"""How much time the autellix SDK adds to an LLM call, over the plain openai client.
+"""How much time the autellix SDK adds to an LLM call: ``autellix bench sdk``.
 
-Starts the SDK tests' aiohttp fake OpenAI server (tests/sdk/fake_server.py) on
-127.0.0.1 in a separate process, then times `chat.completions.create` through
-`openai.AsyncOpenAI` and through `autellix.AsyncOpenAI` inside a program, one
-call of each variant per round in a freshly shuffled order, so that all see the
-same machine noise and each follows every other equally often. Also times the
-SDK's own per-call work (tagging the request options) without any network.
-
-    python tests/bench/bench_sdk.py --json
+Times ``chat.completions.create`` through ``openai.AsyncOpenAI`` and through
+``autellix.AsyncOpenAI`` inside a program, against the minimal upstream of
+:mod:`autellix_vllm.bench.fake_upstream` in its own process (or, with the
+``mock`` transport, answers made in process), one call of each variant per
+round in a freshly shuffled order, so that all see the same machine noise and
+each follows every other equally often. Also times the SDK's own per-call work
+(tagging the request options) without any network.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
-import json
 import platform
 import random
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import autellix
 import httpx2
 import openai
 
-FAKE_SERVER = Path(__file__).resolve().parents[1] / "sdk" / "fake_server.py"
-sys.path.insert(0, str(FAKE_SERVER.parent))
-from fake_server import chat_completion  # noqa: E402  (the fake server's own answer)
+from autellix_vllm.bench.fake_upstream import COMPLETION_BODY
+from autellix_vllm.bench.subprocesses import FAKE_UPSTREAM_COMMAND, FAKE_UPSTREAM_READY, running
+from autellix_vllm.protocol import PROGRAMS_PATH
 
 MOCK_BASE_URL = "http://mock.invalid/v1"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    """Run the SDK tests' fake server in its own process; return it and its base URL."""
-    command = [sys.executable, str(FAKE_SERVER)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    announced = process.stdout.readline().split()
-    if announced[:1] != ["PORT"]:
-        process.kill()
-        raise RuntimeError(f"fake server did not start: {announced}")
-    return process, f"http://127.0.0.1:{announced[1]}/v1"
-
-
 def answer_in_process(request: httpx2.Request) -> httpx2.Response:
-    """The fake server's answers, for `--transport mock`."""
-    if request.url.path.startswith("/autellix/v1/programs"):
+    """The fake upstream's answers, for the ``mock`` transport."""
+    if request.url.path.startswith(PROGRAMS_PATH):
         return httpx2.Response(200, json={"program_id": "prog-mock"})
-    return httpx2.Response(200, json=chat_completion(json.loads(request.content)))
+    return httpx2.Response(
+        200, content=COMPLETION_BODY, headers={"Content-Type": "application/json"}
+    )
 
 
 def make_client(kind: type[openai.AsyncOpenAI], base_url: str) -> openai.AsyncOpenAI:
@@ -190,36 +174,15 @@ def summarize(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=2000, help="timed calls per client")
-    parser.add_argument("--warmup", type=int, default=200, help="untimed calls per client")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument(
-        "--transport",
-        choices=("server", "mock"),
-        default="server",
-        help="a local server in its own process (default) or in-process answers",
-    )
-    args = parser.parse_args()
-
-    if args.transport == "mock":
-        samples = asyncio.run(time_side_by_side(MOCK_BASE_URL, args.calls, args.warmup))
+def run_sdk_bench(
+    calls: int = 2000, warmup: int = 200, transport: str = "server"
+) -> dict[str, Any]:
+    """Time ``calls`` calls per variant after ``warmup`` untimed ones, over a local
+    upstream in its own process (``server``) or in-process answers (``mock``)."""
+    if transport == "mock":
+        samples = asyncio.run(time_side_by_side(MOCK_BASE_URL, calls, warmup))
     else:
-        server, base_url = start_server()
-        try:
-            samples = asyncio.run(time_side_by_side(base_url, args.calls, args.warmup))
-        finally:
-            server.kill()
-            server.wait()
-    result = summarize(samples, time_tagging_alone(repeats=20_000), args.transport)
-
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key:28} {value}")
-
-
-if __name__ == "__main__":
-    main()
+        with running(FAKE_UPSTREAM_COMMAND, FAKE_UPSTREAM_READY) as server:
+            base_url = f"http://127.0.0.1:{server.ready}/v1"
+            samples = asyncio.run(time_side_by_side(base_url, calls, warmup))
+    return summarize(samples, time_tagging_alone(repeats=20_000), transport)

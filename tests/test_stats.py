@@ -1,0 +1,23 @@
+"""One percentile for the simulator and the benchmarks: always one of the values."""
+
+import pytest
+from autellix_vllm.stats import percentile
+
+
+def test_a_percentile_is_the_value_at_the_rounded_index():
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]  # sorted: 1 2 3 4 5
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 95) == 5.0  # index round(3.8) = 4
+    assert percentile(values, 70) == 4.0  # index round(2.8) = 3
+    assert percentile(values, 100) == 5.0
+    assert values == [5.0, 1.0, 4.0, 2.0, 3.0]  # the caller's list is left alone
+
+
+@pytest.mark.parametrize(("count", "p95_rank"), [(16, 15), (32, 30), (2000, 1900)])
+def test_p95_of_a_benchmark_run(count, p95_rank):
+    assert percentile([float(i) for i in range(1, count + 1)], 95) == p95_rank
+
+
+def test_no_values_give_zero():
+    assert percentile([], 99) == 0.0
