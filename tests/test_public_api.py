@@ -48,6 +48,9 @@ PUBLIC_PATHS: tuple[tuple[str, str], ...] = (
     ("autellix_vllm.workloads", "generate"),
     ("autellix_vllm.workloads", "load_trace"),
     ("autellix_vllm.workloads", "write_trace"),
+    ("autellix_vllm.sim.trace", "load_trace"),
+    ("autellix_vllm.sim.trace", "ProgramSpec"),
+    ("autellix_vllm.sim.workloads", "generate"),
 ) + tuple(
     ("autellix", name)
     for name in (
@@ -75,6 +78,7 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
     "engine": (
         "--model", "--served-model-name", "--host", "--port", "--max-num-seqs", "--max-model-len",
         "--kv-cache-gib", "--scheduler", "--device", "--log-file", "--startup-timeout",
+        "--policy", "--beta", "--levels",
     ),
     "bench engine": (
         "--programs", "--quick", "--seed", "--workload", "--rate", "--max-num-seqs",
@@ -92,7 +96,7 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
         "--scheduler", "--device", "--host", "--port", "--log-file", "--log-dir", "--engines",
         "--tensor-parallel-size", "--upstream", "--lb", "--locality-threshold",
         "--chars-per-token", "--api-key", "--max-body-mb", "--health-interval", "--max-attempts",
-        "--allow-remote-upstreams", "--startup-timeout",
+        "--allow-remote-upstreams", "--startup-timeout", "--policy", "--beta", "--levels",
     ),
     "ps": ("--url", "--api-key", "--json"),
     "top": ("--url", "--api-key", "--interval", "--iterations"),
@@ -112,7 +116,9 @@ CHOICE_VALUES: tuple[tuple[str, ...], ...] = (
     *(("simulate", "run", "--preset", p) for p in ("a100-llama8b", "cpu-tiny", "unit")),
     ("simulate", "run", "--atlas-variant", "program", "--service-unit", "time"),
     ("simulate", "sweep", "--policies", "vllm-opt,mlfq,autellix,srpt", "--lb", "locality"),
-    *(("engine", "--scheduler", s) for s in ("autellix", "fcfs")),
+    *(("engine", "--scheduler", s) for s in ("autellix", "fcfs", "vllm")),
+    *(("engine", "--policy", p) for p in ("fcfs", "mlfq", "plas", "atlas", "autellix")),
+    ("engine", "--beta", "4", "--levels", "0,64,256"),
     *(("engine", "--device", d) for d in ("auto", "cpu", "gpu")),
     *(("serve", "--scheduler", s, "--lb", "locality") for s in ("autellix", "fcfs")),
     *(("bench", "engine", "--workload", w) for w in ("sharegpt", "bfcl", "lats", "mixed")),
