@@ -151,7 +151,7 @@ class Simulation:
         ]
         # A truncated macro step leaves a stale end event behind: only the latest counts.
         self.step_versions = {engine: 0 for engine in self.engines}
-        self.start_posted: set[SimEngine] = set()
+        self.start_posted: set[SimEngine] = set()  # engines with a step start pending
 
         for program in programs:
             self._add_program(program, spec)
