@@ -6,7 +6,8 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from autellix_vllm.policy.routing import BALANCER_NAMES, DEFAULT_LOCALITY_THRESHOLD
+from autellix_vllm.policy.routing import BALANCERS, DEFAULT_LOCALITY_THRESHOLD
+from autellix_vllm.registry import lookup
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -59,10 +60,7 @@ class RouterConfig:
                 raise ValueError(
                     f"with an API key, engines must be on loopback (they have no key): {remote[0]}"
                 )
-        if self.balancer not in BALANCER_NAMES:
-            raise ValueError(
-                f"unknown load balancer {self.balancer!r} (choose from {', '.join(BALANCER_NAMES)})"
-            )
+        lookup(BALANCERS, self.balancer, "load balancer")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key must not be empty")
         positive = {

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..registry import lookup
+
 
 @dataclass(frozen=True)
 class EnginePreset:
@@ -89,7 +91,4 @@ PRESETS: dict[str, EnginePreset] = {
 
 
 def get_preset(name: str) -> EnginePreset:
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})") from None
+    return lookup(PRESETS, name, "preset")
