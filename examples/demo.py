@@ -172,7 +172,8 @@ def start_serve(args: argparse.Namespace, folder: Path) -> Serve:
     print(f"demo: starting autellix serve ({engines} engine(s), embedded tiny model;"
           f" engine logs in {folder})", flush=True)  # fmt: skip
     return Serve.start(
-        "--engines", str(engines), "--log-dir", str(folder), "--chars-per-token", "1",
+        "--engines", str(engines), "--log-dir", str(folder), "--model", "tiny",
+        "--chars-per-token", "1",
         "--", *COMPACT_JSON,
     )  # fmt: skip
 

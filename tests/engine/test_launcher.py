@@ -6,8 +6,12 @@ import sys
 import pytest
 from autellix_vllm.engine import launcher
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, EngineStartError
+from autellix_vllm.engine.models import ModelSpec
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, SettingError
 from autellix_vllm.policy import Levels
+
+TINY = ModelSpec("/m", "autellix-tiny", dtype="float32", load_format="dummy")
+PLAIN = ModelSpec("/models/llama", "/models/llama")
 
 
 def flag(cmd, name):
@@ -15,7 +19,7 @@ def flag(cmd, name):
 
 
 def test_cpu_command_uses_the_autellix_scheduler_and_cpu_flags():
-    cmd = launcher.server_command(EngineConfig(max_num_seqs=3), "/m", 8123)
+    cmd = launcher.server_command(EngineConfig(max_num_seqs=3), TINY, 8123)
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert flag(cmd, "--scheduler-cls") == "autellix_vllm.engine.scheduler.AutellixScheduler"
     assert flag(cmd, "--scheduling-policy") == "priority"
@@ -28,8 +32,8 @@ def test_cpu_command_uses_the_autellix_scheduler_and_cpu_flags():
 
 
 def test_fcfs_baseline_is_stock_vllm_with_the_same_flags():
-    autellix = launcher.server_command(EngineConfig(), "/m", 1)
-    fcfs = launcher.server_command(EngineConfig(scheduler="fcfs"), "/m", 1)
+    autellix = launcher.server_command(EngineConfig(), TINY, 1)
+    fcfs = launcher.server_command(EngineConfig(scheduler="fcfs"), TINY, 1)
     assert "--scheduler-cls" not in fcfs
     assert flag(fcfs, "--scheduling-policy") == "fcfs"
     strip = {
@@ -46,7 +50,7 @@ def test_gpu_with_an_explicit_model_uses_the_async_scheduler_and_no_cpu_settings
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     config = EngineConfig(model="/models/llama", device="gpu", extra_args=["--foo", "1"])
-    cmd = launcher.server_command(config, "/models/llama", 1)
+    cmd = launcher.server_command(config, PLAIN, 1)
     assert flag(cmd, "--scheduler-cls") == "autellix_vllm.engine.scheduler.AutellixAsyncScheduler"
     assert "--load-format" not in cmd and "--enforce-eager" not in cmd
     assert cmd[-2:] == ["--foo", "1"]
@@ -60,9 +64,19 @@ def test_gpu_with_an_explicit_model_uses_the_async_scheduler_and_no_cpu_settings
 def test_auto_device_is_cpu_for_the_tiny_model(monkeypatch):
     monkeypatch.setattr(launcher, "gpu_available", lambda: True)
     assert EngineConfig().resolved_device() == "cpu"
+    assert EngineConfig(model="tiny").resolved_device() == "cpu"
+    assert EngineConfig(model="smollm2").resolved_device() == "gpu"
     assert EngineConfig(model="/m").resolved_device() == "gpu"
     monkeypatch.setattr(launcher, "gpu_available", lambda: False)
     assert EngineConfig(model="/m").resolved_device() == "cpu"
+
+
+def test_the_models_flags_come_before_the_users_so_the_user_wins():
+    real = ModelSpec("/cache/smollm2", "SmolLM2-135M-Instruct", dtype="bfloat16")
+    cmd = launcher.server_command(EngineConfig(extra_args=["--dtype", "float32"]), real, 1)
+    assert flag(cmd, "--served-model-name") == "SmolLM2-135M-Instruct"
+    assert cmd[-4:] == ["--dtype", "bfloat16", "--dtype", "float32"]  # vLLM takes the last
+    assert "--load-format" not in cmd
 
 
 def test_environment_allowlists_both_plugins_and_keeps_user_plugins(monkeypatch):
@@ -91,12 +105,12 @@ def test_the_users_omp_num_threads_wins(monkeypatch):
 
 def test_unknown_scheduler_is_an_error():
     with pytest.raises(ValueError, match="unknown scheduler 'lifo' \\(choose from autellix, vllm"):
-        launcher.server_command(EngineConfig(scheduler="lifo"), "/m", 1)
+        launcher.server_command(EngineConfig(scheduler="lifo"), TINY, 1)
 
 
 def test_vllm_is_stock_vllm_and_fcfs_another_name_for_it():
-    stock = launcher.server_command(EngineConfig(scheduler="vllm"), "/m", 1)
-    assert stock == launcher.server_command(EngineConfig(scheduler="fcfs"), "/m", 1)
+    stock = launcher.server_command(EngineConfig(scheduler="vllm"), TINY, 1)
+    assert stock == launcher.server_command(EngineConfig(scheduler="fcfs"), TINY, 1)
     assert "--scheduler-cls" not in stock
 
 

