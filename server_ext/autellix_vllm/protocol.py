@@ -99,6 +99,13 @@ ENGINES_PATH = "/autellix/v1/engines"
 ENGINE_TABLE_PATH = "/autellix/v1/engine/table"
 """Engine: its process table."""
 ENGINE_PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
+
+# The engine key: the secret a router (or an operator) holds for an engine. An
+# engine started with one (`autellix engine --api-key`, `autellix serve` makes
+# one per run) reads it from this variable, and takes scheduling fields (the
+# prior service) and its /autellix/v1/engine/* endpoints only from callers that
+# send it as `Authorization: Bearer <key>`, as vLLM's own --api-key does.
+ENGINE_KEY_VARIABLE = "AUTELLIX_ENGINE_KEY"
 """Engine: ``DELETE`` ends a program there."""
 
 # ---- identity: reading and validation ---------------------------------------------

@@ -9,10 +9,12 @@ the scheduling math exists exactly once:
 * :class:`ProgramScheduler` (``core``): levels, demotion, anti-starvation and
   preemption choices around a policy;
 * balancers (``routing``): the locality-aware rule and its baselines, registered
-  by name in ``BALANCERS``.
+  by name in ``BALANCERS``;
+* ``bounded``: the size-bounded maps and sets both process tables keep;
+* ``config``: levels, the service unit, and :class:`ProgramLimits`.
 """
 
-from .config import Levels, PolicyConfig, ServiceMeter
+from .config import DEFAULT_LIMITS, Levels, PolicyConfig, ProgramLimits, ServiceMeter
 from .core import Counters, ProgramScheduler
 from .policies import (
     ATLAS,
@@ -43,6 +45,7 @@ from .table import MAIN_THREAD, Call, CallState, ProcessTable, Program, Thread
 
 __all__ = [
     "ATLAS",
+    "DEFAULT_LIMITS",
     "BALANCERS",
     "BALANCER_NAMES",
     "FCFS",
@@ -65,6 +68,7 @@ __all__ = [
     "Policy",
     "PolicyConfig",
     "ProcessTable",
+    "ProgramLimits",
     "Program",
     "ProgramScheduler",
     "RoundRobin",

@@ -142,3 +142,35 @@ class PolicyConfig:
             raise ValueError(f"unknown ATLAS variant {self.atlas_variant!r}")
         if self.idle_ttl_s <= 0:
             raise ValueError("idle_ttl_s must be positive")
+
+
+@dataclass(frozen=True)
+class ProgramLimits:
+    """How large one program may grow: the shape of its thread tree and its calls.
+
+    A program's shape comes from its client, so it is bounded: the router refuses
+    a call that would cross a limit (HTTP 400), and an engine schedules such a
+    call as an anonymous call instead of growing the program. The defaults leave
+    room for real agents (a LATS search forks a few hundred threads one level
+    deep; nested fan-out rarely goes ten levels deep) and keep every walk over a
+    program's threads small.
+    """
+
+    # Threads one program may open (its main thread included).
+    max_threads: int = 4096
+    # Forks between the main thread and the deepest thread (main is depth 0).
+    max_fork_depth: int = 64
+    # Calls of one program in flight at once (waiting or running).
+    max_live_calls: int = 1024
+    # Largest prior service a router may report for a program (service units):
+    # far beyond any real program, small enough to keep sums exact.
+    max_prior_service: float = 1e12
+
+    def __post_init__(self) -> None:
+        if min(self.max_threads, self.max_fork_depth, self.max_live_calls) < 1:
+            raise ValueError("program limits must be positive")
+        if not (math.isfinite(self.max_prior_service) and self.max_prior_service > 0):
+            raise ValueError("max_prior_service must be a positive finite number")
+
+
+DEFAULT_LIMITS = ProgramLimits()
