@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from autellix_vllm.router import RouterConfig, create_app
+from autellix_vllm.router.app import router_runner
 from autellix_vllm.router.state import STATE, RouterState
 
 
@@ -26,9 +27,9 @@ class RunningRouter:
 @contextlib.asynccontextmanager
 async def running_router(upstreams: list[str], **options: Any) -> AsyncIterator[RunningRouter]:
     """A router over ``upstreams`` (RouterConfig ``options``), served as in production
-    (handler cancellation on), on 127.0.0.1 and a free port."""
+    (``router_runner``), on 127.0.0.1 and a free port."""
     app = create_app(RouterConfig(upstreams=tuple(upstreams), **options))
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = router_runner(app)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)

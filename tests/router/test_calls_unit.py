@@ -170,6 +170,7 @@ def test_ps_prints_one_row_per_program_and_marks_dead_engines():
                 "service": 12.5,
                 "waiting_time": 3.0,
                 "age_s": 5,
+                "owner": "alice",
             },  # fmt: skip
             {"program_id": "old", "name": None, "engine": "engine-1", "age_s": 4000},
         ],
@@ -177,10 +178,14 @@ def test_ps_prints_one_row_per_program_and_marks_dead_engines():
     lines = format_table(table).splitlines()
     assert lines[0].startswith("2 programs  locality  engine-0 up load 2  engine-1 DOWN")
     assert lines[1].split() == [
-        "PROGRAM", "NAME", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT", "AGE",
+        "PROGRAM", "NAME", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT", "AGE", "OWNER",
     ]  # fmt: skip
-    assert lines[2].split() == ["old", "-", "engine-1!", "0", "0", "0", "0.0", "0.0", "1h06m"]
-    assert lines[3].split() == ["young", "agent", "engine-0", "2", "1", "5", "12.5", "3.0", "5s"]
+    assert lines[2].split() == [
+        "old", "-", "engine-1!", "0", "0", "0", "0.0", "0.0", "1h06m", "-",
+    ]  # fmt: skip
+    assert lines[3].split() == [
+        "young", "agent", "engine-0", "2", "1", "5", "12.5", "3.0", "5s", "alice",
+    ]  # fmt: skip
     assert format_table(table, sort_by="service").splitlines()[2].startswith("young")
     assert [human_duration(s) for s in (0, 59, 61, 7322)] == ["0s", "59s", "1m01s", "2h02m"]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 
 import aiohttp
@@ -12,38 +11,16 @@ import openai
 import pytest
 from autellix_vllm.engine.launcher import free_port
 from autellix_vllm.policy.config import ServiceMeter
+from router_http import (
+    PROGRAMS,
+    assert_openai_error,
+    completion,
+    program_row,
+    request,
+    unique,
+)
 
 pytestmark = pytest.mark.engine
-
-PROGRAMS = "/autellix/v1/programs"
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-async def request(method: str, url: str, **kwargs) -> tuple[int, object]:
-    async with aiohttp.ClientSession() as http, http.request(method, url, **kwargs) as answer:
-        text = await answer.text()
-        try:
-            return answer.status, json.loads(text)
-        except json.JSONDecodeError:
-            return answer.status, text
-
-
-def completion(model: str, prompt: str = "hello", max_tokens: int = 4, **extra) -> dict:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            **extra}  # fmt: skip
-
-
-def program_row(table: dict, program_id: str) -> dict | None:
-    return next((p for p in table["programs"] if p["program_id"] == program_id), None)
-
-
-def assert_openai_error(status: int, body: object, expected_status: int, code: str) -> None:
-    assert status == expected_status, body
-    assert isinstance(body, dict) and set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["code"] == code, body
 
 
 async def test_session_api_opens_lists_and_ends_programs(engine, start_router):

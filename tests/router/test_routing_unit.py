@@ -5,14 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from autellix_vllm.policy.config import ProgramLimits
 from autellix_vllm.policy.routing import Balancer, EngineLoad, Route, least_loaded, make_balancer
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.dispatch import Dispatcher
 from autellix_vllm.router.engines import Engine, EnginePool
 from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.keys import Client
 from autellix_vllm.router.metrics import RouterMetrics
-from autellix_vllm.router.programs import ProgramEnded, ProgramTable
+from autellix_vllm.router.programs import (
+    CallIdReused,
+    ProgramEnded,
+    ProgramLimitExceeded,
+    ProgramNotFound,
+    ProgramTable,
+    TooManyPrograms,
+)
 
 MODEL = "m"
 THRESHOLD = 100
@@ -58,7 +67,8 @@ def route(d: Dispatcher, program: str | None, tokens: int, exclude=()) -> Engine
         return engine
     finally:
         if record is not None:
-            d.programs.call_finished(record, engine.name if engine else None, None, None)
+            name = engine.name if engine else None
+            d.programs.call_finished(record, None, engine=name, service=None, completed=True)
 
 
 def set_load(d: Dispatcher, in_flight: list[int], waiting: list[int] | None = None) -> None:
@@ -172,26 +182,31 @@ def test_unknown_ids_open_programs_and_ended_ids_are_refused_within_a_bound():
     with pytest.raises(ProgramEnded):
         table.call_arrived("p4", None)
     assert table.is_ended("p2") and not table.is_ended("p1")  # the oldest are forgotten
-    assert table.end("p4") is None
+    with pytest.raises(ProgramEnded):
+        table.end("p4")
+    with pytest.raises(ProgramNotFound):
+        table.end("never")
 
 
-def test_service_sums_over_engines_and_a_repeated_call_id_is_charged_once():
+def test_service_sums_over_engines_and_failed_calls_are_charged_their_work():
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
-    for engine, call_id in (("engine-0", "c1"), ("engine-1", "c2"), ("engine-1", "c2")):
-        record = table.call_arrived("p", "main")
-        table.call_finished(record, engine, 10.0, call_id)
-    record = table.call_arrived("p", "side")
-    table.call_finished(record, None, None, "c3")  # failed: no service, counted as failed
-    assert record.service == 20.0
+    for engine, call_id in (("engine-0", "c1"), ("engine-1", "c2"), ("engine-1", "c3")):
+        record = table.call_arrived("p", "main", call_id=call_id)
+        table.call_finished(record, call_id, engine=engine, service=10.0, completed=True)
+    record = table.call_arrived("p", "side", call_id="c4")
+    table.call_finished(record, "c4", engine=None, service=None, completed=False)  # no engine
+    record = table.call_arrived("p", "side", call_id="c4")  # its retry: allowed
+    table.call_finished(record, "c4", engine="engine-0", service=2.5, completed=False)  # dropped
+    assert record.service == 32.5
     assert record.calls_per_engine == {"engine-0": 1, "engine-1": 2}
-    assert (record.calls_completed, record.calls_failed, len(record.threads)) == (3, 1, 2)
+    assert (record.calls_completed, record.calls_failed, len(record.threads)) == (3, 2, 2)
 
 
 def test_idle_programs_are_evicted_but_not_ended():
     now = [1000.0]
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
     busy, idle = table.call_arrived("busy", None), table.call_arrived("idle", None)
-    table.call_finished(idle, "engine-0", 1.0, "c1")
+    table.call_finished(idle, "c1", engine="engine-0", service=1.0, completed=True)
     now[0] += 61
     assert table.evict_idle() == ["idle"]
     assert table.get("busy") is busy and not table.is_ended("idle")
@@ -274,3 +289,99 @@ def test_a_routed_engine_is_listed_before_the_call_completes():
     engine = d.choose(call("p", 500), "p", record)
     assert record.calls_per_engine == {engine.name: 0}  # ending the program reaches it
     assert record.calls_active == 1
+
+
+# ---- owners, bounds and limits of the table ------------------------------------------
+
+ALICE, BOB = Client("key-a", "alice"), Client("key-b", "bob")
+ADMIN = Client("key-admin", "admin", admin=True)
+
+
+def test_the_table_is_capped_per_owner_and_in_all_after_dropping_idle_programs():
+    now = [0.0]
+    table = ProgramTable(10, idle_ttl_s=60, clock=lambda: now[0], max_programs=5,
+                         max_programs_per_owner=3)  # fmt: skip
+    for _ in range(3):
+        table.issue(caller=ALICE)
+    with pytest.raises(TooManyPrograms, match="this key has 3"):
+        table.issue(caller=ALICE)
+    with pytest.raises(TooManyPrograms):
+        table.call_arrived("alice-local", caller=ALICE)  # a call's new program counts too
+    table.issue(caller=BOB)
+    table.issue(caller=BOB)
+    with pytest.raises(TooManyPrograms, match="holds 5 programs"):
+        table.issue(caller=ADMIN)
+    now[0] += 61  # every program is idle now: dropped to make room
+    assert table.issue(caller=ALICE).owner == "key-a" and len(table) == 1
+
+
+def test_pages_follow_the_opening_order_through_removals():
+    table = ProgramTable(10, idle_ttl_s=600, max_programs_per_owner=10_000)
+    opened = [table.issue(caller=ALICE).program_id for _ in range(3000)]
+    bob = table.issue(caller=BOB).program_id
+    for program_id in opened[::2]:  # half of them end: the order compacts once
+        table.end(program_id, ALICE)
+    kept, after = [], None
+    while True:
+        page = table.page(ALICE, after, 400)
+        kept += [r.program_id for r in page.records]
+        assert page.total == 1500
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert kept == opened[1::2]
+    assert [r.program_id for r in table.page(BOB, None, 10).records] == [bob]
+    assert table.page(ADMIN, None, 10_000).total == 1501
+    assert table.page(Client("key-c", "carol"), None, 10).records == []
+
+
+def test_another_owners_program_is_not_found_and_its_end_is_not_revealed():
+    table = ProgramTable(10, idle_ttl_s=600)
+    program_id = table.issue(caller=ALICE).program_id
+    for act in (lambda: table.call_arrived(program_id, caller=BOB),
+                lambda: table.end(program_id, BOB)):  # fmt: skip
+        with pytest.raises(ProgramNotFound):
+            act()
+    table.call_arrived(program_id, caller=ADMIN)  # the admin may
+    table.end(program_id, ALICE)
+    with pytest.raises(ProgramEnded):
+        table.call_arrived(program_id, caller=ALICE)
+    with pytest.raises(ProgramNotFound):
+        table.call_arrived(program_id, caller=BOB)
+
+
+def test_thread_depth_counts_forks_below_main_and_limits_refuse_before_any_change():
+    limits = ProgramLimits(max_threads=5, max_fork_depth=2, max_live_calls=2)
+    table = ProgramTable(10, idle_ttl_s=600, limits=limits)
+    record = table.call_arrived("p", "main")
+    table.call_arrived("p", "t2", parent_thread_id="t1")  # t1 named first: a fork of main
+    assert record.threads == {"main": 0, "t1": 1, "t2": 2}
+    with pytest.raises(ProgramLimitExceeded, match="max_live_calls"):
+        table.call_arrived("p", "t3", parent_thread_id="main")
+    for _ in range(2):
+        table.call_finished(record, None, engine="engine-0", service=None, completed=True)
+    with pytest.raises(ProgramLimitExceeded, match="max_fork_depth") as deep:
+        table.call_arrived("p", "t3", parent_thread_id="t2")
+    assert deep.value.code == "fork_too_deep"
+    table.call_arrived("p", "t3")  # no parent: a fork of main
+    table.call_arrived("p", "t4", parent_thread_id="t3")
+    assert record.threads["t4"] == 2 and record.calls_active == 2
+    for _ in range(2):
+        table.call_finished(record, None, engine="engine-0", service=None, completed=True)
+    with pytest.raises(ProgramLimitExceeded, match="max_threads"):
+        table.call_arrived("p", "t5")
+    assert len(record.threads) == 5 and record.calls_active == 0
+
+
+def test_a_call_id_is_refused_while_in_flight_and_after_completion_not_after_failure():
+    table = ProgramTable(10, idle_ttl_s=600)
+    record = table.call_arrived("p", call_id="c1")
+    with pytest.raises(CallIdReused, match="in flight"):
+        table.call_arrived("p", call_id="c1")
+    table.call_finished(record, "c1", engine=None, service=None, completed=False)
+    table.call_arrived("p", call_id="c1")  # a retry of an attempt that failed
+    table.call_finished(record, "c1", engine="engine-0", service=4.0, completed=True)
+    with pytest.raises(CallIdReused, match="has completed") as reused:
+        table.call_arrived("p", call_id="c1")
+    assert (reused.value.status, reused.value.code) == (409, "call_id_reused")
+    assert record.service == 4.0 and record.calls_active == 0

@@ -44,8 +44,8 @@ from autellix_vllm.bench.engine import (
     summarize,
 )
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
+from autellix_vllm.cli.ps import fetch_table
 from autellix_vllm.engine.launcher import EngineProcess, start_all, stop_all
-from autellix_vllm.protocol import PROGRAMS_PATH
 from autellix_vllm.workloads.trace import ProgramSpec
 
 POLICIES = ("round-robin", "locality")
@@ -158,7 +158,7 @@ async def _measure(
     results = await replay(router_url, model, renamed, settings)
     summary = summarize(results, time.monotonic() - began)
     cache_after = await asyncio.to_thread(_prefix_cache, upstreams)
-    table = await asyncio.to_thread(_get_json, router_url + PROGRAMS_PATH)
+    table = await asyncio.to_thread(fetch_table, router_url, None)  # every page
     metrics = await asyncio.to_thread(_get_text, router_url + "/metrics")
     queries = cache_after["queries"] - cache_before["queries"]
     hits = cache_after["hits"] - cache_before["hits"]

@@ -1,38 +1,49 @@
 """The router's aiohttp application and how to run it.
 
-    app = create_app(RouterConfig(upstreams=("http://127.0.0.1:8001",)))
-    web.run_app(app, host="127.0.0.1", port=8000, handler_cancellation=True)
+    runner = router_runner(create_app(RouterConfig(upstreams=("http://127.0.0.1:8001",))))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 8000).start()
 
 or, from asyncio code, ``await serve_router(config, host, port, stop_event)``.
-Handler cancellation must be on: it is how a client's disconnect reaches the
-engine (the engine connection closes and vLLM aborts the request).
+:func:`router_runner` is aiohttp's ``AppRunner`` with handler cancellation on
+(it is how a client's disconnect reaches the engine: the engine connection
+closes and vLLM aborts the request) and with :class:`JsonErrorRequestHandler`,
+so that the requests aiohttp's HTTP parser refuses get JSON errors too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.web_protocol import RequestHandler
 
 from autellix_vllm.policy.routing import make_balancer
+from autellix_vllm.protocol import error_body
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.dispatch import Dispatcher
 from autellix_vllm.router.engines import EnginePool
 from autellix_vllm.router.metrics import RouterMetrics
-from autellix_vllm.router.middlewares import openai_errors, require_api_key
+from autellix_vllm.router.middlewares import authenticate, openai_errors
 from autellix_vllm.router.programs import ProgramTable
 from autellix_vllm.router.routes import add_routes
 from autellix_vllm.router.state import STATE, RouterState
+
+log = logging.getLogger("autellix.router")
 
 
 def create_app(config: RouterConfig, metrics: RouterMetrics | None = None) -> web.Application:
     metrics = metrics or RouterMetrics()
     middlewares = [openai_errors(metrics, config.max_body_bytes)]
-    if config.api_key is not None:
-        middlewares.append(require_api_key(config.api_key))
+    if config.keys.required:
+        middlewares.append(authenticate(config.keys))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     add_routes(app)
     app.cleanup_ctx.append(_router_state(config, metrics))
@@ -44,13 +55,23 @@ def _router_state(
 ) -> Callable[[web.Application], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def lifespan(app: web.Application) -> AsyncIterator[None]:
+        # Used for engines only: every request to one carries the engine key.
+        engine_auth = {"Authorization": f"Bearer {config.engine_key}"} if config.engine_key else {}
         session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=config.engine_keepalive_s),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s),
             auto_decompress=False,
+            headers=engine_auth,
         )
         balancer = make_balancer(config.balancer, config.locality_threshold)
-        programs = ProgramTable(config.ended_ids_kept, config.idle_ttl_s, on_drop=balancer.forget)
+        programs = ProgramTable(
+            config.ended_ids_kept,
+            config.idle_ttl_s,
+            on_drop=balancer.forget,
+            max_programs=config.max_programs,
+            max_programs_per_owner=config.max_programs_per_key,
+            limits=config.limits,
+        )
         metrics.track_programs(lambda: len(programs))
         pool = EnginePool(
             config.upstreams,
@@ -81,8 +102,11 @@ async def serve_router(
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve until ``stop`` is set; ``on_ready`` gets the root URL (port 0 picks one)."""
-    runner = web.AppRunner(create_app(config), handler_cancellation=True, access_log=None)
+    runner = router_runner(create_app(config))
     await runner.setup()
+    # What exists now (modules, the app) lives as long as the process: keep it out
+    # of every full garbage collection, so that those stay short pauses of the loop.
+    gc.freeze()
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -96,3 +120,67 @@ async def serve_router(
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def router_runner(app: web.Application) -> web.AppRunner:
+    """How the router's application is served (see the module's docstring)."""
+    return _RouterRunner(app, handler_cancellation=True, access_log=None)
+
+
+class JsonErrorRequestHandler(RequestHandler):
+    """aiohttp's HTTP connection handler, answering the requests its parser refuses.
+
+    aiohttp's parser rejects some requests before any middleware runs: a
+    request line or header longer than ``max_field_size`` (8190 bytes), more
+    than ``max_headers`` (128) headers, a control character in a header. Its
+    ``handle_error`` answers those with plain text and logs a traceback; here
+    they get the router's JSON error and one log line.
+    """
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0 or status >= 500:
+            # Too late for an answer, or a fault of the router's: aiohttp's own
+            # handling (it logs the traceback).
+            return super().handle_error(request, status, exc, message)
+        if isinstance(exc, LineTooLong) or "Too many headers" in (message or ""):
+            code = "request_too_large"
+            text = (
+                f"a request line or header is longer than {self.max_field_size} bytes, or"
+                f" there are more than {self.max_headers} headers"
+            )
+        else:
+            code = "invalid_http_request"
+            # aiohttp's message starts with a fixed description, then quotes the bytes.
+            reason = (message or "malformed request").split("\n", 1)[0].rstrip(": ")
+            text = f"the HTTP request is malformed: {reason}"
+        log.info("refused a malformed HTTP request from %s: %d %s", request.remote, status, code)
+        response = web.json_response(error_body(status, text, code), status=status)
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    """aiohttp's low-level server, making :class:`JsonErrorRequestHandler` connections."""
+
+    def __call__(self) -> RequestHandler:
+        return JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class _RouterRunner(web.AppRunner):
+    """``AppRunner`` whose server is a :class:`_JsonErrorServer`."""
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()  # starts the app; aiohttp's own server
+        return _JsonErrorServer(
+            made.request_handler,
+            request_factory=made.request_factory,
+            handler_cancellation=made.handler_cancellation,
+            loop=made._loop,
+            **made._kwargs,
+        )

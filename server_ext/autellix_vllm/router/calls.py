@@ -5,6 +5,11 @@ Identity is read exactly as the engines read it
 else the body's ``vllm_xargs`` keys; the program id falls back to the session
 id. A malformed value is a 400 here, before any engine sees the call.
 
+Then every scheduling field the client put in the body (the ``autellix_*``
+keys of ``vllm_xargs``, the prior service among them) is removed: the router
+sends the engine the identity it accepted, and the program's prior service,
+as headers of its own (``dispatch``), so the engine has one source for each.
+
 Prompt size, for the locality threshold, is a cheap estimate that needs no
 tokenizer: the characters of the prompt text (message contents, text parts,
 tool-call arguments, tool definitions as JSON; a completion prompt; a response
@@ -24,6 +29,7 @@ from typing import Any
 from autellix_vllm.protocol import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
+    KEY_TO_HEADER,
     RESPONSES_PATH,
     SESSION_ID_FIELD,
     XARGS_FIELD,
@@ -35,6 +41,9 @@ from autellix_vllm.router.errors import ApiError
 
 # Keys of chat messages and response input items that hold prompt text.
 _TEXT_KEYS = ("content", "text", "tool_calls", "function", "arguments", "output")
+# JSON values the prompt-size estimate looks at, at most: it is an estimate, and
+# a body of a million tiny parts must not hold the router up walking them.
+_MAX_PROMPT_NODES = 10_000
 
 
 @dataclass
@@ -50,6 +59,7 @@ class Call:
     prompt_tokens: int
     # The router asked for stream usage the client did not: drop that chunk.
     usage_injected: bool = False
+    parent_thread_id: str | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -57,9 +67,23 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ApiError(400, f"the body is not valid JSON: {error}", "invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", "invalid_json")
     return body
+
+
+def dump_json(value: Any) -> bytes:
+    """``value`` as JSON; a body nested too deeply to write again is a 400."""
+    try:
+        return json.dumps(value).encode()
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> ApiError:
+    return ApiError(400, "the body is nested too deeply", "invalid_json")
 
 
 def read_call(
@@ -87,11 +111,15 @@ def read_call(
         stream=body.get("stream") is True,
         program_id=identity.program_id,
         thread_id=identity.thread_id,
+        parent_thread_id=identity.parent_thread_id,
         call_id=identity.call_id,
         prompt_tokens=estimate_prompt_tokens(path, body, chars_per_token),
     )
+    changed = _strip_scheduling_fields(body)
     if call.stream and path != RESPONSES_PATH:
-        _ask_for_stream_usage(call)
+        changed |= _ask_for_stream_usage(call)
+    if changed:
+        call.raw = dump_json(body)
     return call
 
 
@@ -102,16 +130,30 @@ def _identity(body: dict[str, Any], headers: Mapping[str, str]) -> CallIdentity:
         raise ApiError(400, str(error), error.code, error.param) from None
 
 
-def _ask_for_stream_usage(call: Call) -> None:
-    """Streams report token usage only when asked; the router needs it for service."""
+def _strip_scheduling_fields(body: dict[str, Any]) -> bool:
+    """Remove the ``autellix_*`` keys from the body's ``vllm_xargs``; True if any was there."""
+    xargs = body.get(XARGS_FIELD)
+    if not isinstance(xargs, dict):
+        return False
+    found = [key for key in KEY_TO_HEADER if key in xargs]
+    for key in found:
+        del xargs[key]
+    if found and not xargs:
+        del body[XARGS_FIELD]
+    return bool(found)
+
+
+def _ask_for_stream_usage(call: Call) -> bool:
+    """Streams report token usage only when asked; the router needs it for service.
+    True if the body was changed."""
     options = call.body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:
-        return
+        return False
     if options is not None and not isinstance(options, dict):
-        return  # malformed: the engine answers with its own 400
+        return False  # malformed: the engine answers with its own 400
     call.body["stream_options"] = {**(options or {}), "include_usage": True}
-    call.raw = json.dumps(call.body).encode()
     call.usage_injected = True
+    return True
 
 
 def estimate_prompt_tokens(path: str, body: dict[str, Any], chars_per_token: float) -> int:
@@ -128,18 +170,26 @@ def estimate_prompt_tokens(path: str, body: dict[str, Any], chars_per_token: flo
         chars = _text_chars(body.get("input")) + _text_chars(body.get("instructions"))
     tools = body.get("tools")
     if tools:
-        chars += len(json.dumps(tools))
+        chars += len(dump_json(tools))
     return token_ids + math.ceil(chars / chars_per_token)
 
 
 def _text_chars(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_text_chars(item) for item in value)
-    if isinstance(value, dict):
-        return sum(_text_chars(value.get(key)) for key in _TEXT_KEYS)
-    return 0
+    """Characters of prompt text in ``value``: its strings, in lists and under
+    :data:`_TEXT_KEYS`, walked without recursion and up to :data:`_MAX_PROMPT_NODES`."""
+    chars = 0
+    pending = [value]
+    for _ in range(_MAX_PROMPT_NODES):
+        if not pending:
+            break
+        item = pending.pop()
+        if isinstance(item, str):
+            chars += len(item)
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item[key] for key in _TEXT_KEYS if key in item)
+    return chars
 
 
 def _token_ids(prompt: Any) -> int:

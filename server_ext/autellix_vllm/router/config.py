@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
 from autellix_vllm.policy.routing import BALANCERS, DEFAULT_LOCALITY_THRESHOLD
 from autellix_vllm.registry import lookup
+from autellix_vllm.router.keys import KeyRing, check_key, load_api_keys
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """How the router runs. ``upstreams`` are engine base URLs (no ``/v1``)."""
+    """How the router runs. ``upstreams`` are engine base URLs (no ``/v1``).
+
+    Keys (``api_key``, ``api_keys_file``, ``admin_key``: see ``router.keys``)
+    are checked, and the keys file read, when the config is made, so a bad one
+    fails before anything starts. Keys are left out of the config's repr.
+    """
 
     upstreams: tuple[str, ...]
     balancer: str = "locality"
@@ -23,7 +30,14 @@ class RouterConfig:
     # (token-id prompts are counted exactly); see calls.estimate_prompt_tokens.
     locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD
     chars_per_token: float = 4.0
-    api_key: str | None = None
+    # Client keys: one key, and/or a keys file (one key per line, "name: key").
+    api_key: str | None = field(default=None, repr=False)
+    api_keys_file: str | None = None
+    # Sees and ends every program; a client key sees only the programs it opened.
+    admin_key: str | None = field(default=None, repr=False)
+    # Sent to every engine as "Authorization: Bearer <engine_key>" (engines started
+    # by `autellix serve` take scheduling fields only from a holder of their key).
+    engine_key: str | None = field(default=None, repr=False)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # Engines are probed (GET /health, /v1/models and their table) this often.
     health_interval_s: float = 1.0
@@ -39,6 +53,18 @@ class RouterConfig:
     ended_ids_kept: int = 100_000
     # Programs with nothing in flight are dropped from the table after this long idle.
     idle_ttl_s: float = 600.0
+    # Programs in the table, in all and per key; when full (after dropping idle
+    # programs) a new program is refused with 429 too_many_programs.
+    max_programs: int = 100_000
+    max_programs_per_key: int = 10_000
+    # How large one program may grow (threads, fork depth, live calls, prior service).
+    limits: ProgramLimits = DEFAULT_LIMITS
+    # Idle pooled connections to an engine are closed after this long: less than
+    # the engines' own keep-alive (uvicorn: 5 s), so the router never reuses a
+    # connection the engine is closing.
+    engine_keepalive_s: float = 3.0
+    # The keys above, by key (made from them; not a parameter).
+    keys: KeyRing = field(init=False, repr=False, compare=False)
     # Allow engines on other hosts even with an API key (they are not protected by it).
     allow_remote_upstreams: bool = False
 
@@ -54,15 +80,15 @@ class RouterConfig:
                 raise ValueError(f"upstream {url!r}: give the engine's root URL, without a path")
         if len(set(self.upstreams)) != len(self.upstreams):
             raise ValueError("the same upstream is listed twice")
-        if self.api_key is not None and not self.allow_remote_upstreams:
+        object.__setattr__(self, "keys", self._key_ring())
+        if self.keys.required and not self.allow_remote_upstreams:
             remote = [u for u in self.upstreams if not is_loopback(urlsplit(u).hostname or "")]
             if remote:
                 raise ValueError(
-                    f"with an API key, engines must be on loopback (they have no key): {remote[0]}"
+                    "with API keys, engines must be on loopback (the router's requests to"
+                    f" them are not encrypted): {remote[0]}"
                 )
         lookup(BALANCERS, self.balancer, "load balancer")
-        if self.api_key is not None and not self.api_key.strip():
-            raise ValueError("the API key must not be empty")
         positive = {
             "locality_threshold": self.locality_threshold,
             "chars_per_token": self.chars_per_token,
@@ -74,10 +100,24 @@ class RouterConfig:
             "connect_timeout_s": self.connect_timeout_s,
             "ended_ids_kept": self.ended_ids_kept,
             "idle_ttl_s": self.idle_ttl_s,
+            "max_programs": self.max_programs,
+            "max_programs_per_key": self.max_programs_per_key,
+            "engine_keepalive_s": self.engine_keepalive_s,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+
+    def _key_ring(self) -> KeyRing:
+        for what, key in (
+            ("the API key", self.api_key),
+            ("the admin key", self.admin_key),
+            ("the engine key", self.engine_key),
+        ):
+            if key is not None:
+                check_key(key, what)
+        named = load_api_keys(self.api_keys_file) if self.api_keys_file is not None else None
+        return KeyRing.build(self.api_key, named, self.admin_key)
 
 
 def is_loopback(host: str) -> bool:

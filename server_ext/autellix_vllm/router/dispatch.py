@@ -1,16 +1,30 @@
-"""Sending a call to an engine: choosing one, retrying elsewhere, relaying the answer.
+"""Sending a call to an engine: choosing one, retrying, relaying the answer.
 
-Per call: the program's entry in the router's table (opened on first sight),
-the balancer's choice among healthy engines that serve the model, the
-program's service summed over all engines as ``X-Autellix-Prior-Service``,
-then the answer, relayed as it is (engine errors keep their status and body).
+Per call: the program's entry in the router's table (opened on first sight,
+after the table's checks), the balancer's choice among healthy engines that
+serve the model, then the answer, relayed as it is (engine errors keep their
+status and body).
+
+What the engine is told: the client's headers without its credentials and
+without any scheduling header; in their place the identity the router
+accepted (``X-Autellix-Program-Id``, ``-Thread-Id``, ``-Parent-Thread-Id``,
+``-Call-Id``) and the program's service summed over all engines
+(``X-Autellix-Prior-Service``, at most ``ProgramLimits.max_prior_service``).
+The engine key travels as the session's ``Authorization`` (``app``).
 
 Failover: a call whose engine cannot be reached, or drops the connection
 before the client got any byte, is sent again (same body, same call id) to
-another engine, up to ``max_attempts`` tries (tenacity). A stream that breaks
-after its first byte reached the client cannot be retried; it ends with an
-error event. A client that goes away closes the engine connection, which
-makes vLLM abort the request.
+another engine, up to ``max_attempts`` tries (tenacity). A connection the
+engine closed while it sat in the pool (it fails before any answer byte) is
+no sign of a dead engine: that call may go to the same engine once more. A
+stream that breaks after its first byte reached the client cannot be
+retried; it ends with an error event. A client that goes away closes the
+engine connection, which makes vLLM abort the request.
+
+Outcome: a call is completed when the engine's whole 200 answer was relayed.
+Anything else (an engine error, no engine, a client that left) is a failed
+call, charged the service the engine did for it (for a stream cut short: its
+usage if it came, else an estimate from the events relayed).
 """
 
 from __future__ import annotations
@@ -28,25 +42,27 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
-from autellix_vllm.protocol import PRIOR_SERVICE_HEADER, PROGRAM_ID_HEADER, error_body
+from autellix_vllm.protocol import KEY_TO_HEADER, CallIdentity, error_body
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.engines import Engine, EnginePool
 from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.metrics import RouterMetrics
-from autellix_vllm.router.programs import ProgramEnded, ProgramRecord, ProgramTable
+from autellix_vllm.router.programs import ProgramRecord, ProgramTable
 from autellix_vllm.router.usage import SseRelay, service_from_body
 
 log = logging.getLogger("autellix.router")
 
 # Not copied to the engine: hop-by-hop headers, what aiohttp sets itself, the
-# router's own credentials, compression (bodies are relayed as they are), and
-# the prior service, which only the router may state.
+# client's credentials, compression (bodies are relayed as they are), and every
+# scheduling header, which only the router may state.
 _DROPPED_HEADERS = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length", "expect",
-        "authorization", "accept-encoding", PRIOR_SERVICE_HEADER.lower(),
+        "authorization", "accept-encoding",
+        *(header.lower() for header in KEY_TO_HEADER.values()),
     }
 )  # fmt: skip
 _PASSED_BACK_HEADERS = ("Content-Type", "X-Request-Id")
@@ -56,20 +72,43 @@ _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 
 
 class EngineUnreachable(Exception):
-    """The engine failed the call before the client got anything: retry elsewhere."""
+    """The engine failed the call before the client got anything: retry.
 
-    def __init__(self, engine: Engine, cause: BaseException) -> None:
+    ``stale``: the connection broke before any answer byte, without being
+    refused: most likely a pooled connection the engine had just closed.
+    """
+
+    def __init__(self, engine: Engine, cause: BaseException, stale: bool = False) -> None:
         super().__init__(f"{engine.name} ({engine.url}): {type(cause).__name__}: {cause}")
         self.engine = engine
         self.cause = cause
+        self.stale = stale
+
+
+def _closed_before_answer(error: BaseException) -> bool:
+    """A connection the engine closed or reset before answering, not one it refused."""
+    refused = isinstance(error, aiohttp.ClientConnectorError)
+    dropped = isinstance(error, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
+    return dropped and not refused
 
 
 @dataclass
-class Answer:
-    response: web.StreamResponse
-    engine: Engine
-    service: float | None
+class Outcome:
+    """What became of a call so far; read when the call ends, however it ends
+    (also when the client's disconnect cancels the handler mid-way)."""
+
+    response: web.StreamResponse | None = None
+    engine: Engine | None = None  # the engine that answered, or was streaming
+    completed: bool = False  # the engine's whole 200 answer was relayed
+    service: float | None = None
+    relay: SseRelay | None = None  # a stream's relay, once it started
     upstream_s: float = 0.0  # time spent waiting for the engine (non-streaming calls)
+
+    def charged(self, prompt_tokens: int) -> float | None:
+        """The service to charge: the usage's, or for a stream, what it did so far."""
+        if self.relay is not None:
+            return self.relay.service_so_far(prompt_tokens)
+        return self.service
 
 
 class Dispatcher:
@@ -92,31 +131,36 @@ class Dispatcher:
         self.meter = meter or ServiceMeter()
         self._anonymous = itertools.count()
 
-    async def handle(self, request: web.Request, call: Call, started: float) -> web.StreamResponse:
-        """Answer ``call``; ``started`` is when the router got it (``perf_counter``)."""
-        record = self._call_arrived(call)
+    async def handle(
+        self, request: web.Request, call: Call, started: float, caller: Client = ANONYMOUS
+    ) -> web.StreamResponse:
+        """Answer ``call`` for ``caller``; ``started`` is when the router got it
+        (``perf_counter``)."""
+        record = self._call_arrived(call, caller)
         if record is None:
             self.metrics.calls_without_program.inc()
             key = f"anonymous-{next(self._anonymous)}"
         else:
             key = record.program_id
-        answer: Answer | None = None
+        outcome = Outcome()
         try:
-            answer = await self._send_with_retries(request, call, key, record)
+            await self._send_with_retries(request, call, key, record, outcome)
         finally:
             if record is not None:
                 self.programs.call_finished(
                     record,
-                    answer.engine.name if answer else None,
-                    answer.service if answer else None,
                     call.call_id,
+                    engine=outcome.engine.name if outcome.engine else None,
+                    service=outcome.charged(call.prompt_tokens),
+                    completed=outcome.completed,
                 )
             else:
                 self.balancer.forget(key)
+        assert outcome.response is not None
         if not call.stream:
-            overhead = time.perf_counter() - started - answer.upstream_s
+            overhead = time.perf_counter() - started - outcome.upstream_s
             self.metrics.proxy_overhead.observe(overhead)
-        return answer.response
+        return outcome.response
 
     def choose(
         self, call: Call, key: str, record: ProgramRecord | None, exclude: Iterable[Engine] = ()
@@ -146,36 +190,49 @@ class Dispatcher:
         for record in self.programs.bound_to(engine.name):
             self.balancer.forget(record.program_id)
 
-    def _call_arrived(self, call: Call) -> ProgramRecord | None:
-        """The record of the call's program, counting the call; None for a call without one."""
+    def _call_arrived(self, call: Call, caller: Client) -> ProgramRecord | None:
+        """The record of the call's program, counting the call; None for a call
+        without one. The table's refusals (ended, another key's, limits, a
+        reused call id) are raised as they are."""
         if call.program_id is None:
             return None
-        try:
-            return self.programs.call_arrived(call.program_id, call.thread_id)
-        except ProgramEnded:
-            raise ApiError(
-                404,
-                f"the program {call.program_id!r} has ended",
-                "program_ended",
-                PROGRAM_ID_HEADER,
-            ) from None
+        return self.programs.call_arrived(
+            call.program_id,
+            call.thread_id,
+            parent_thread_id=call.parent_thread_id,
+            call_id=call.call_id,
+            caller=caller,
+        )
 
     async def _send_with_retries(
-        self, request: web.Request, call: Call, key: str, record: ProgramRecord | None
-    ) -> Answer:
-        failed: list[Engine] = []
+        self,
+        request: web.Request,
+        call: Call,
+        key: str,
+        record: ProgramRecord | None,
+        outcome: Outcome,
+    ) -> None:
+        failed: list[Engine] = []  # not tried again
+        stale: set[Engine] = set()  # given their one more try after a stale connection
+        previous: list[Engine] = []
         send = self._send_stream if call.stream else self._send_whole
 
-        async def attempt() -> Answer:
+        async def attempt() -> None:
             engine = self.choose(call, key, record, exclude=failed)
-            if failed:
-                self.metrics.retried(failed[-1].name)
+            if previous:
+                self.metrics.retried(previous[-1].name)
+            previous.append(engine)
             try:
-                return await send(request, call, engine, self._headers(request, record, engine))
+                await send(request, call, engine, self._headers(request, call, record, engine),
+                           outcome)  # fmt: skip
             except EngineUnreachable as error:
-                log.warning("call %s failed on %s", call.call_id or "-", error)
-                failed.append(engine)
-                self.pool.call_failed(engine, error.cause)
+                if error.stale and engine not in stale:
+                    stale.add(engine)
+                    log.info("call %s: %s; trying again", call.call_id or "-", error)
+                else:
+                    log.warning("call %s failed on %s", call.call_id or "-", error)
+                    failed.append(engine)
+                    self.pool.call_failed(engine, error.cause)
                 raise
 
         try:
@@ -194,59 +251,78 @@ class Dispatcher:
         except EngineUnreachable as error:
             raise ApiError(
                 502,
-                f"no engine could answer after {len(failed)} tries; last: {error}",
+                f"no engine could answer after {len(previous)} tries; last: {error}",
                 "engine_unreachable",
             ) from None
 
     def _headers(
-        self, request: web.Request, record: ProgramRecord | None, engine: Engine
+        self, request: web.Request, call: Call, record: ProgramRecord | None, engine: Engine
     ) -> dict[str, str]:
         headers = {
             name: value
             for name, value in request.headers.items()
             if name.lower() not in _DROPPED_HEADERS
         }
-        if record is not None and record.service > 0 and engine.service_unit in (None, "tokens"):
-            headers[PRIOR_SERVICE_HEADER] = f"{record.service:.3f}"
+        accepted = CallIdentity(
+            program_id=call.program_id,
+            thread_id=call.thread_id,
+            parent_thread_id=call.parent_thread_id,
+            call_id=call.call_id,
+            prior_service=self._prior_service(record, engine),
+        )
+        for key, value in accepted.as_xargs().items():
+            headers[KEY_TO_HEADER[key]] = str(value)
         return headers
 
+    def _prior_service(self, record: ProgramRecord | None, engine: Engine) -> float | None:
+        """The program's service over all engines, for an engine that counts in tokens."""
+        if record is None or record.service <= 0 or engine.service_unit not in (None, "tokens"):
+            return None
+        return round(min(record.service, self.config.limits.max_prior_service), 3)
+
     async def _send_whole(
-        self, request: web.Request, call: Call, engine: Engine, headers: dict[str, str]
-    ) -> Answer:
+        self,
+        request: web.Request,
+        call: Call,
+        engine: Engine,
+        headers: dict[str, str],
+        outcome: Outcome,
+    ) -> None:
         engine.in_flight += 1
         sent = time.perf_counter()
         try:
-            async with self.session.post(
-                engine.url + call.path, data=call.raw, headers=headers
-            ) as upstream:
+            upstream = await self._post(call, engine, headers)
+            try:
                 payload = await upstream.read()
-        except _ENGINE_FAILURES as error:
-            raise EngineUnreachable(engine, error) from error
+            except _ENGINE_FAILURES as error:
+                raise EngineUnreachable(engine, error) from error
+            finally:
+                upstream.release()
         finally:
             engine.in_flight -= 1
-        upstream_s = time.perf_counter() - sent
-        service = service_from_body(payload, self.meter) if upstream.status == 200 else None
-        response = web.Response(
-            body=payload, status=upstream.status, headers=_passed_back(upstream.headers)
-        )
-        return Answer(response, engine, service, upstream_s)
+        outcome.upstream_s = time.perf_counter() - sent
+        outcome.engine = engine
+        outcome.completed = upstream.status == 200
+        outcome.service = service_from_body(payload, self.meter) if outcome.completed else None
+        outcome.response = _whole_answer(upstream, payload)
 
     async def _send_stream(
-        self, request: web.Request, call: Call, engine: Engine, headers: dict[str, str]
-    ) -> Answer:
+        self,
+        request: web.Request,
+        call: Call,
+        engine: Engine,
+        headers: dict[str, str],
+        outcome: Outcome,
+    ) -> None:
         engine.in_flight += 1
         upstream: aiohttp.ClientResponse | None = None
         try:
+            upstream = await self._post(call, engine, headers)
             try:
-                upstream = await self.session.post(
-                    engine.url + call.path, data=call.raw, headers=headers
-                )
                 if upstream.status != 200:  # an error answer, not a stream: relay it whole
-                    payload = await upstream.read()
-                    response = web.Response(
-                        body=payload, status=upstream.status, headers=_passed_back(upstream.headers)
-                    )
-                    return Answer(response, engine, None)
+                    outcome.engine = engine
+                    outcome.response = _whole_answer(upstream, await upstream.read())
+                    return
                 first = await upstream.content.readany()
             except _ENGINE_FAILURES as error:
                 raise EngineUnreachable(engine, error) from error
@@ -255,22 +331,33 @@ class Dispatcher:
             response = web.StreamResponse(
                 status=200, headers={**_passed_back(upstream.headers), "Cache-Control": "no-cache"}
             )
+            outcome.engine, outcome.response = engine, response
             await response.prepare(request)
-            relay = SseRelay(response, self.meter, drop_usage=call.usage_injected)
+            outcome.relay = SseRelay(response, self.meter, drop_usage=call.usage_injected)
             try:
-                await self._relay(relay, upstream, first, engine)
+                outcome.completed = await self._relay(outcome.relay, upstream, first, engine)
                 await response.write_eof()
             except _CLIENT_GONE:
+                outcome.completed = False
                 log.info("client went away during a stream from %s; aborting it", engine.name)
-            return Answer(response, engine, relay.service)
         finally:
             engine.in_flight -= 1
             if upstream is not None:
                 upstream.release()  # closes the connection if unread: the engine aborts
 
+    async def _post(
+        self, call: Call, engine: Engine, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
+        """Send ``call`` to ``engine``; returns once the answer's status and headers are in."""
+        try:
+            return await self.session.post(engine.url + call.path, data=call.raw, headers=headers)
+        except _ENGINE_FAILURES as error:
+            raise EngineUnreachable(engine, error, _closed_before_answer(error)) from error
+
     async def _relay(
         self, relay: SseRelay, upstream: aiohttp.ClientResponse, first: bytes, engine: Engine
-    ) -> None:
+    ) -> bool:
+        """Relay the stream to its end; False if the engine broke it."""
         chunk = first
         while chunk:
             await relay.feed(chunk)
@@ -283,9 +370,17 @@ class Dispatcher:
                 message = f"the engine failed during the stream: {type(error).__name__}"
                 event = error_body(502, message, "engine_failed_mid_stream")
                 await relay.response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                return
+                return False
         await relay.finish()
+        return True
 
 
 def _passed_back(headers: aiohttp.typedefs.LooseHeaders) -> dict[str, str]:
     return {name: headers[name] for name in _PASSED_BACK_HEADERS if name in headers}
+
+
+def _whole_answer(upstream: aiohttp.ClientResponse, payload: bytes) -> web.Response:
+    """The engine's answer, as it is: its status, body and content type."""
+    return web.Response(
+        body=payload, status=upstream.status, headers=_passed_back(upstream.headers)
+    )

@@ -1,17 +1,25 @@
-"""The router's middlewares: OpenAI-shaped errors (outermost), then the API key."""
+"""The router's middlewares: OpenAI-shaped errors (outermost), then the caller's key.
+
+Errors that aiohttp's HTTP parser finds before any middleware runs (a header
+too large, a control character in a header) are answered in the same shape by
+``app.JsonErrorRequestHandler``.
+"""
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from autellix_vllm.router.errors import ApiError, error_response
+from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing
 from autellix_vllm.router.metrics import RouterMetrics
 
 log = logging.getLogger("autellix.router")
+
+CLIENT = web.RequestKey("autellix_client", Client)
+"""The caller of a request, set by :func:`authenticate`; see :func:`caller`."""
 
 # aiohttp's own HTTP errors -> the code the router reports for them.
 _HTTP_ERROR_CODES = {
@@ -21,40 +29,62 @@ _HTTP_ERROR_CODES = {
 }
 
 
+def caller(request: web.Request) -> Client:
+    """Who sent ``request`` (:data:`ANONYMOUS` on a router without keys)."""
+    return request.get(CLIENT, ANONYMOUS)
+
+
 def openai_errors(metrics: RouterMetrics, max_body_bytes: int) -> Middleware:
-    """Answer every error the router raises as ``{"error": {...}}`` with its status."""
+    """Answer every error as ``{"error": {...}}`` with its status.
+
+    A client's error is logged as one line; an unexpected exception (a bug in
+    the router) as a 500 with its traceback.
+    """
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except ApiError as error:
-            metrics.errors.labels(error.code).inc()
-            return error_response(error)
+            return _answer(error, request, metrics)
         except web.HTTPException as http_error:
             if http_error.status < 400:
                 raise
-            error = _from_http_error(http_error, request, max_body_bytes)
-            metrics.errors.labels(error.code).inc()
-            return error_response(error)
+            return _answer(_from_http_error(http_error, request, max_body_bytes), request, metrics)
+        except Exception:
+            log.exception("%s %r failed", request.method, request.raw_path[:200])
+            error = ApiError(500, "the router failed to handle the request", "internal_error")
+            return _answer(error, request, metrics)
 
     return middleware
 
 
-def require_api_key(api_key: str) -> Middleware:
-    """Every route needs ``Authorization: Bearer <api_key>`` (compared in constant time)."""
-    expected = f"Bearer {api_key}".encode()
+def authenticate(keys: KeyRing) -> Middleware:
+    """Every route needs ``Authorization: Bearer <key>`` with one of ``keys``; the
+    key's client is stored on the request (:func:`caller`)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").strip().encode()
-        if not hmac.compare_digest(given, expected):
+        client = keys.client_for(request.headers.get("Authorization"))
+        if client is None:
             raise ApiError(
                 401, "a valid API key is needed: Authorization: Bearer <key>", "invalid_api_key"
             )
+        request[CLIENT] = client
         return await handler(request)
 
     return middleware
+
+
+def _answer(error: ApiError, request: web.Request, metrics: RouterMetrics) -> web.Response:
+    metrics.errors.labels(error.code).inc()
+    # The raw path, quoted: a client's text never reaches the log unescaped.
+    where = f"{request.method} {request.raw_path[:200]!r}"
+    if error.status < 500:
+        log.info("%s: %d %s", where, error.status, error.code)
+    else:
+        log.warning("%s: %d %s: %s", where, error.status, error.code, error.message)
+    return error_response(error)
 
 
 def _from_http_error(error: web.HTTPException, request: web.Request, limit: int) -> ApiError:

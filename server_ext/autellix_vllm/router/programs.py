@@ -10,35 +10,64 @@ id the router never issued opens a program under that id (the SDK falls back
 to local ids when it cannot reach the program API). An ended id is remembered
 (the newest ``ended_ids_kept`` of them) and refused, so a late call of an
 ended program is not silently re-created.
+
+Owners: a program belongs to the client (key) that opened it. Another client
+gets 404 ``program_not_found`` for it, whether it calls, ends or lists it, as
+for an id never seen; the admin key sees every program.
+
+Bounds, all refused before anything changes: programs in the table, in all
+and per owner (429 ``too_many_programs``, after dropping idle ones); one
+program's threads, fork depth and live calls (400, ``policy.config.ProgramLimits``);
+a call id in flight or already completed (409 ``call_id_reused``). A call id
+may be used again only by a retry of an attempt that did not complete.
 """
 
 from __future__ import annotations
 
+import bisect
 import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from autellix_vllm.policy.bounded import CHARGED_CALLS_KEPT, IdleTable, RecentIds
+from autellix_vllm.policy.bounded import CHARGED_CALLS_KEPT, IdleTable, RecentIds, RecentMap
+from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
 from autellix_vllm.policy.routing import Route
 from autellix_vllm.policy.table import MAIN_THREAD
+from autellix_vllm.protocol import (
+    CALL_ID_HEADER,
+    PARENT_THREAD_ID_HEADER,
+    PROGRAM_ID_HEADER,
+    THREAD_ID_HEADER,
+)
+from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.keys import ANONYMOUS, Client
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ProgramRecord:
-    """One program as the router sees it; only :class:`ProgramTable` writes to it."""
+    """One program as the router sees it; only :class:`ProgramTable` writes to it.
+
+    Slots, and completed call ids kept only once there are some: the table may
+    hold 100,000 records, and every container object is more work for each of
+    Python's full garbage collections (which stop the event loop).
+    """
 
     program_id: str
     name: str | None
     created_s: float
     issued: bool  # opened through the program API, not first seen in a call
+    owner: str = ANONYMOUS.owner  # Client.owner of the key that opened it
+    owner_name: str = ANONYMOUS.name
+    seq: int = 0  # order of opening, for paging
     last_arrival_s: float | None = None
     last_completion_s: float | None = None
     # The engine the program is bound to (by the last route that binds), if any.
     engine: str | None = None
     rebinds: int = 0
-    threads: set[str] = field(default_factory=set)
+    # Thread id -> its fork depth (forks below the main thread, which is 0).
+    threads: dict[str, int] = field(default_factory=dict)
     calls_active: int = 0
     calls_completed: int = 0
     calls_failed: int = 0
@@ -46,7 +75,9 @@ class ProgramRecord:
     calls_per_engine: dict[str, int] = field(default_factory=dict)
     # Attained service (token equivalents, policy.config.ServiceMeter) over all engines.
     service: float = 0.0
-    charged_calls: RecentIds = field(default_factory=lambda: RecentIds(CHARGED_CALLS_KEPT))
+    calls_in_flight: set[str] = field(default_factory=set)
+    # Its newest completed call ids (made on its first completed call with an id).
+    completed_calls: RecentIds | None = None
 
     @property
     def last_active_s(self) -> float:
@@ -57,16 +88,101 @@ class ProgramRecord:
         return self.calls_active > 0
 
 
-class ProgramEnded(Exception):
-    """A call or request named a program that has been ended."""
+# ---- refusals ------------------------------------------------------------------------
+
+
+class ProgramEnded(ApiError):
+    """A call or request named a program its caller has ended."""
+
+    def __init__(self, program_id: str, param: str | None = PROGRAM_ID_HEADER) -> None:
+        super().__init__(404, f"the program {program_id!r} has ended", "program_ended", param)
+
+
+class ProgramNotFound(ApiError):
+    """No such program for this caller (never opened, or another key's)."""
+
+    def __init__(self, program_id: str, param: str | None = PROGRAM_ID_HEADER) -> None:
+        super().__init__(404, f"no program {program_id!r}", "program_not_found", param)
+
+
+class TooManyPrograms(ApiError):
+    def __init__(self, message: str) -> None:
+        super().__init__(429, message, "too_many_programs")
+
+
+class CallIdReused(ApiError):
+    def __init__(self, message: str) -> None:
+        super().__init__(409, message, "call_id_reused", CALL_ID_HEADER)
+
+
+class ProgramLimitExceeded(ApiError):
+    """A call would grow its program past one of ``ProgramLimits`` (named in ``code``)."""
+
+    def __init__(self, message: str, code: str, param: str | None) -> None:
+        super().__init__(400, message, code, param)
+
+
+# ---- paging --------------------------------------------------------------------------
+
+
+@dataclass
+class Page:
+    records: list[ProgramRecord]
+    total: int  # programs the caller may see
+    next_after: int | None  # the ``after`` of the next page; None on the last page
+
+
+class OpeningOrder:
+    """Records in the order they were opened, for paging by ``seq``.
+
+    Removal is lazy (a record that left the table is skipped when read) and the
+    list is compacted once half of it is gone, so that removing many records
+    at once (an idle sweep) costs one pass, not one pass each.
+    """
+
+    COMPACT_AT = 1024
+
+    def __init__(self, in_table: Callable[[ProgramRecord], bool]) -> None:
+        self._in_table = in_table
+        self._records: list[ProgramRecord] = []
+        self._gone = 0
+
+    def __len__(self) -> int:
+        return len(self._records) - self._gone
+
+    def add(self, record: ProgramRecord) -> None:
+        self._records.append(record)  # seqs only grow: the list stays sorted
+
+    def removed(self) -> None:
+        """One of the records has left the table."""
+        self._gone += 1
+        if self._gone >= self.COMPACT_AT and self._gone * 2 >= len(self._records):
+            self._records = [r for r in self._records if self._in_table(r)]
+            self._gone = 0
+
+    def page(self, after: int | None, limit: int) -> tuple[list[ProgramRecord], int | None]:
+        start = 0 if after is None else bisect.bisect_right(self._records, after,
+                                                            key=lambda r: r.seq)  # fmt: skip
+        found: list[ProgramRecord] = []
+        for index in range(start, len(self._records)):
+            record = self._records[index]
+            if not self._in_table(record):
+                continue
+            if len(found) == limit:
+                return found, found[-1].seq
+            found.append(record)
+        return found, None
+
+
+# ---- the table -----------------------------------------------------------------------
 
 
 class ProgramTable:
     """The router's records, one per program; every change to a record goes through here.
 
     A call meets the table three times: :meth:`call_arrived` (the record,
-    opened if new), :meth:`routed` (the engine chosen for it) and
-    :meth:`call_finished` (its outcome and service).
+    opened if new, after every check), :meth:`routed` (the engine chosen for
+    it) and :meth:`call_finished` (its outcome and service).
     """
 
     def __init__(
@@ -75,13 +191,26 @@ class ProgramTable:
         idle_ttl_s: float,
         clock: Callable[[], float] = time.time,
         on_drop: Callable[[str], None] = lambda program_id: None,
+        *,
+        max_programs: int = 100_000,
+        max_programs_per_owner: int = 10_000,
+        limits: ProgramLimits = DEFAULT_LIMITS,
     ) -> None:
         self.clock = clock
         # Told the id of every program that leaves the table (ended or idle), so
         # that what else is kept per program (the balancer's binding) goes too.
         self.on_drop = on_drop
+        self.max_programs = max_programs
+        self.max_programs_per_owner = max_programs_per_owner
+        self.limits = limits
         self._programs: IdleTable[ProgramRecord] = IdleTable(idle_ttl_s)
-        self._ended = RecentIds(ended_ids_kept)
+        self._ended: RecentMap[str] = RecentMap(ended_ids_kept)  # ended id -> its owner
+        # Program id -> owner, for the programs in the table (an idle sweep names
+        # only the ids it dropped).
+        self._owners: dict[str, str] = {}
+        self._opened = OpeningOrder(self._in_table)
+        self._opened_by_owner: dict[str, OpeningOrder] = {}
+        self._next_seq = 0
 
     def __len__(self) -> int:
         return len(self._programs)
@@ -95,28 +224,47 @@ class ProgramTable:
     def is_ended(self, program_id: str) -> bool:
         return program_id in self._ended
 
-    def issue(self, name: str | None = None) -> ProgramRecord:
-        """Open a program under a new unguessable id."""
-        self.evict_idle()
+    def issue(self, name: str | None = None, caller: Client = ANONYMOUS) -> ProgramRecord:
+        """Open a program for ``caller`` under a new unguessable id."""
         program_id = "prog-" + secrets.token_urlsafe(18)  # 144 random bits
-        record = ProgramRecord(program_id, name, created_s=self.clock(), issued=True)
-        self._programs.add(program_id, record)
-        return record
+        return self._open(program_id, name, caller, issued=True)
 
-    def call_arrived(self, program_id: str, thread_id: str | None) -> ProgramRecord:
+    def call_arrived(
+        self,
+        program_id: str,
+        thread_id: str | None = None,
+        *,
+        parent_thread_id: str | None = None,
+        call_id: str | None = None,
+        caller: Client = ANONYMOUS,
+    ) -> ProgramRecord:
         """A call of ``program_id`` arrived: its record (opened if the id is new),
-        counting the call as active. Raises :class:`ProgramEnded` for an ended id."""
+        counting the call as active. Raises an :class:`ApiError` (see the module)
+        and changes nothing if the call may not run."""
         record = self._programs.get(program_id)
+        if record is not None and not caller.may_see(record.owner):
+            raise ProgramNotFound(program_id)
         if record is None:
-            if program_id in self._ended:
-                raise ProgramEnded(program_id)
-            self.evict_idle()
-            record = ProgramRecord(program_id, None, created_s=self.clock(), issued=False)
-            self._programs.add(program_id, record)
+            self._refuse_ended(program_id, caller)
+        thread = thread_id or MAIN_THREAD
+        new_threads = self._new_threads(record, thread, parent_thread_id)
+        self._check_limits(record, new_threads)
+        if call_id is not None and record is not None:
+            if call_id in record.calls_in_flight:
+                raise CallIdReused(f"the call id {call_id!r} is already in flight")
+            if record.completed_calls is not None and call_id in record.completed_calls:
+                raise CallIdReused(
+                    f"the call id {call_id!r} has completed; a call id may be used again"
+                    " only to retry an attempt that did not complete"
+                )
+        if record is None:
+            record = self._open(program_id, None, caller, issued=False)
         else:
             self._programs.touch(program_id)
-        record.threads.add(thread_id or MAIN_THREAD)
+        record.threads.update(new_threads)
         record.calls_active += 1
+        if call_id is not None:
+            record.calls_in_flight.add(call_id)
         record.last_arrival_s = self.clock()
         return record
 
@@ -136,32 +284,54 @@ class ProgramTable:
     def call_finished(
         self,
         record: ProgramRecord,
+        call_id: str | None,
+        *,
         engine: str | None,
         service: float | None,
-        call_id: str | None,
+        completed: bool,
     ) -> None:
-        """A call ended: answered by ``engine`` with ``service``, or failed (engine None).
+        """A call ended: ``completed`` (answered in full by ``engine``) or not.
 
-        A call id already charged (a retry of an answered call) adds no service.
+        ``service`` is what the engine did for it, charged either way: an
+        attempt that did not complete (a stream the client dropped) is charged
+        its work, and one that failed before any work costs nothing, so a
+        retry of it is charged once.
         """
         record.calls_active -= 1
         record.last_completion_s = self.clock()
-        if engine is None:
-            record.calls_failed += 1
-            return
-        record.calls_completed += 1
-        record.calls_per_engine[engine] = record.calls_per_engine.get(engine, 0) + 1
-        if service and (call_id is None or record.charged_calls.add(call_id)):
+        if call_id is not None:
+            record.calls_in_flight.discard(call_id)
+        if service:
             record.service += service
+        if completed and engine is not None:
+            record.calls_completed += 1
+            record.calls_per_engine[engine] = record.calls_per_engine.get(engine, 0) + 1
+            if call_id is not None:
+                if record.completed_calls is None:
+                    record.completed_calls = RecentIds(CHARGED_CALLS_KEPT)
+                record.completed_calls.add(call_id)
+        else:
+            record.calls_failed += 1
         self._programs.touch(record.program_id)
 
-    def end(self, program_id: str) -> ProgramRecord | None:
+    def end(self, program_id: str, caller: Client = ANONYMOUS) -> ProgramRecord:
         """End a program: it leaves the table and its id is refused from now on."""
-        record = self._programs.pop(program_id)
-        if record is not None:
-            self.on_drop(program_id)
-            self._ended.add(program_id)
+        record = self._programs.get(program_id)
+        if record is None or not caller.may_see(record.owner):
+            self._refuse_ended(program_id, caller, param="program_id")
+            raise ProgramNotFound(program_id, param="program_id")
+        self._drop(record)
+        self._ended.put(program_id, record.owner)
         return record
+
+    def page(self, caller: Client, after: int | None, limit: int) -> Page:
+        """Up to ``limit`` of the programs ``caller`` may see, opened after ``after``
+        (a ``seq``), oldest first."""
+        order = self._opened if caller.admin else self._opened_by_owner.get(caller.owner)
+        if order is None:
+            return Page([], 0, None)
+        records, next_after = order.page(after, limit)
+        return Page(records, len(order), next_after)
 
     def bound_to(self, engine: str) -> list[ProgramRecord]:
         """Programs bound to ``engine`` (see :meth:`routed`)."""
@@ -172,29 +342,138 @@ class ProgramTable:
         a later call of theirs opens them again)."""
         dropped = self._programs.drop_idle(self.clock())
         for program_id in dropped:
-            self.on_drop(program_id)
+            self._forget(program_id)
         return dropped
 
-    def snapshot(self, waits: dict[str, float]) -> list[dict[str, Any]]:
-        """Plain data for ``GET /autellix/v1/programs``; ``waits`` is the waiting
-        time the engines report per program, summed over engines."""
-        now = self.clock()
-        return [
-            {
-                "program_id": r.program_id,
-                "name": r.name,
-                "engine": r.engine,
-                "engines": dict(r.calls_per_engine),
-                "rebinds": r.rebinds,
-                "threads": len(r.threads),
-                "calls_active": r.calls_active,
-                "calls_completed": r.calls_completed,
-                "calls_failed": r.calls_failed,
-                "service": r.service,
-                "waiting_time": waits.get(r.program_id, 0.0),
-                "last_arrival_s": r.last_arrival_s,
-                "last_completion_s": r.last_completion_s,
-                "age_s": now - r.created_s,
-            }
-            for r in self._programs
-        ]
+    def row(self, record: ProgramRecord, waiting_time: float) -> dict[str, Any]:
+        """Plain data for ``GET /autellix/v1/programs``; ``waiting_time`` is what the
+        engines report for the program, summed over engines."""
+        return {
+            "program_id": record.program_id,
+            "name": record.name,
+            "owner": record.owner_name,
+            "engine": record.engine,
+            "engines": dict(record.calls_per_engine),
+            "rebinds": record.rebinds,
+            "threads": len(record.threads),
+            "calls_active": record.calls_active,
+            "calls_completed": record.calls_completed,
+            "calls_failed": record.calls_failed,
+            "service": record.service,
+            "waiting_time": waiting_time,
+            "last_arrival_s": record.last_arrival_s,
+            "last_completion_s": record.last_completion_s,
+            "age_s": self.clock() - record.created_s,
+        }
+
+    # ---- inside ----------------------------------------------------------------------
+
+    def _open(
+        self, program_id: str, name: str | None, caller: Client, issued: bool
+    ) -> ProgramRecord:
+        self._make_room(caller)
+        record = ProgramRecord(
+            program_id,
+            name,
+            created_s=self.clock(),
+            issued=issued,
+            owner=caller.owner,
+            owner_name=caller.name,
+            seq=self._next_seq,
+        )
+        self._next_seq += 1
+        self._programs.add(program_id, record)
+        self._owners[program_id] = caller.owner
+        self._opened.add(record)
+        owned = self._opened_by_owner.get(caller.owner)
+        if owned is None:
+            owned = self._opened_by_owner[caller.owner] = OpeningOrder(self._in_table)
+        owned.add(record)
+        return record
+
+    def _make_room(self, caller: Client) -> None:
+        """Drop idle programs; refuse a new one if the table or the caller's share
+        of it is still full."""
+        self.evict_idle()  # stops at the first program that is not idle: cheap
+        if len(self._programs) >= self.max_programs:
+            raise TooManyPrograms(
+                f"the router holds {self.max_programs} programs, its limit; end programs"
+                " that are done"
+            )
+        owned = self._opened_by_owner.get(caller.owner)
+        if owned is not None and len(owned) >= self.max_programs_per_owner:
+            raise TooManyPrograms(
+                f"this key has {self.max_programs_per_owner} programs open, its limit; end"
+                " programs that are done"
+            )
+
+    def _refuse_ended(
+        self, program_id: str, caller: Client, param: str = PROGRAM_ID_HEADER
+    ) -> None:
+        owner = self._ended.get(program_id, None)
+        if owner is None:
+            return
+        if caller.may_see(owner):
+            raise ProgramEnded(program_id, param)
+        raise ProgramNotFound(program_id, param)
+
+    def _new_threads(
+        self, record: ProgramRecord | None, thread: str, parent: str | None
+    ) -> dict[str, int]:
+        """The threads a call on ``thread`` adds -> their fork depth: the thread, and
+        a parent named before it ran a call of its own (a fork of the main thread,
+        as on the engines). A thread without a parent forks from the main thread."""
+        known = record.threads if record is not None else {}
+        if thread in known:
+            return {}
+        main_depth = known.get(MAIN_THREAD, 0)
+        if not parent or parent == thread:
+            return {thread: 0 if thread == MAIN_THREAD else main_depth + 1}
+        if parent in known:
+            return {thread: known[parent] + 1}
+        parent_depth = 0 if parent == MAIN_THREAD else main_depth + 1
+        return {parent: parent_depth, thread: parent_depth + 1}
+
+    def _check_limits(self, record: ProgramRecord | None, new_threads: dict[str, int]) -> None:
+        limits = self.limits
+        threads = len(record.threads) if record is not None else 0
+        if threads + len(new_threads) > limits.max_threads:
+            raise ProgramLimitExceeded(
+                f"the program has {threads} threads; a new one would pass the limit of"
+                f" {limits.max_threads} threads per program (max_threads)",
+                "too_many_threads",
+                THREAD_ID_HEADER,
+            )
+        depth = max(new_threads.values(), default=0)
+        if depth > limits.max_fork_depth:
+            raise ProgramLimitExceeded(
+                f"the thread would be {depth} forks below the main thread; the limit is"
+                f" {limits.max_fork_depth} (max_fork_depth)",
+                "fork_too_deep",
+                PARENT_THREAD_ID_HEADER,
+            )
+        live = record.calls_active if record is not None else 0
+        if live >= limits.max_live_calls:
+            raise ProgramLimitExceeded(
+                f"the program has {live} calls in flight, the limit of calls in flight per"
+                " program (max_live_calls)",
+                "too_many_live_calls",
+                PROGRAM_ID_HEADER,
+            )
+
+    def _in_table(self, record: ProgramRecord) -> bool:
+        return self._programs.get(record.program_id) is record
+
+    def _drop(self, record: ProgramRecord) -> None:
+        self._programs.pop(record.program_id)
+        self._forget(record.program_id)
+
+    def _forget(self, program_id: str) -> None:
+        """``program_id`` has left the table: forget it everywhere else."""
+        self.on_drop(program_id)
+        owner = self._owners.pop(program_id)
+        self._opened.removed()
+        owned = self._opened_by_owner[owner]
+        owned.removed()
+        if not owned:
+            del self._opened_by_owner[owner]

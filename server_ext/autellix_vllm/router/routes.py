@@ -6,8 +6,9 @@ healthy engines).
 
 Autellix: ``POST /autellix/v1/programs`` (open a program, optional ``name``),
 ``DELETE /autellix/v1/programs/{id}`` (end it, here and on its engines),
-``GET /autellix/v1/programs`` (the global process table),
-``GET /autellix/v1/engines`` (engines, health and load).
+``GET /autellix/v1/programs?limit=N&after=C`` (the global process table, one
+page at a time, oldest first: the caller's programs, or every program for the
+admin key), ``GET /autellix/v1/engines`` (engines, health and load).
 
 Operations: ``GET /metrics`` (Prometheus), ``GET /health`` (200 while an
 engine is in rotation, else 503).
@@ -34,10 +35,14 @@ from autellix_vllm.protocol import (
 )
 from autellix_vllm.router.calls import parse_json_object, read_call
 from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.middlewares import caller
 from autellix_vllm.router.state import STATE, RouterState
 
 MAX_NAME_LENGTH = 256
 END_ON_ENGINE_TIMEOUT_S = 5.0
+# Programs per page of GET /autellix/v1/programs: by default, and at most.
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
 
 
 def add_routes(app: web.Application) -> None:
@@ -65,7 +70,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         state.pool.models(),
         state.config.chars_per_token,
     )
-    return await state.dispatcher.handle(request, call, started)
+    return await state.dispatcher.handle(request, call, started, caller(request))
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -76,16 +81,25 @@ async def list_models(request: web.Request) -> web.Response:
 async def open_program(request: web.Request) -> web.Response:
     raw = await request.read()
     body = parse_json_object(raw) if raw.strip() else {}
-    name = body.get("name")
-    if name is not None and (not isinstance(name, str) or len(name) > MAX_NAME_LENGTH):
-        raise ApiError(
-            400, f"name must be a string of at most {MAX_NAME_LENGTH} characters", "invalid_name",
-            "name",
-        )  # fmt: skip
-    record = request.app[STATE].programs.issue(name or None)
+    name = program_name(body.get("name"))
+    record = request.app[STATE].programs.issue(name, caller(request))
     return web.json_response(
         {"program_id": record.program_id, "name": record.name, "created": record.created_s}
     )
+
+
+def program_name(name: object) -> str | None:
+    """A program's name: printable (it is shown in terminals) and not too long."""
+    if name is None or name == "":
+        return None
+    if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH or not name.isprintable():
+        raise ApiError(
+            400,
+            f"name must be a string of at most {MAX_NAME_LENGTH} printable characters",
+            "invalid_name",
+            "name",
+        )
+    return name
 
 
 async def end_program(request: web.Request) -> web.Response:
@@ -95,11 +109,7 @@ async def end_program(request: web.Request) -> web.Response:
         validate_id(program_id, "program_id")
     except IdentityError as error:
         raise ApiError(400, str(error), error.code, error.param) from None
-    if state.programs.is_ended(program_id):
-        raise ApiError(404, f"the program {program_id!r} has ended", "program_ended", "program_id")
-    record = state.programs.end(program_id)
-    if record is None:
-        raise ApiError(404, f"no program {program_id!r}", "program_not_found", "program_id")
+    record = state.programs.end(program_id, caller(request))
     engines = [state.pool.by_name[name] for name in record.calls_per_engine]
     await asyncio.gather(*(_end_on_engine(state, e.url, program_id) for e in engines))
     return web.json_response({"program_id": program_id, "ended": True})
@@ -117,19 +127,44 @@ async def _end_on_engine(state: RouterState, url: str, program_id: str) -> None:
 
 
 async def list_programs(request: web.Request) -> web.Response:
+    """One page of the caller's programs, oldest first. ``next_after`` (null on
+    the last page) is the ``after`` that asks for the next one."""
     state = request.app[STATE]
-    waits: dict[str, float] = {}
-    for engine in state.pool.engines:
-        for program_id, wait in engine.program_waits.items():
-            waits[program_id] = waits.get(program_id, 0.0) + wait
+    limit = _query_int(request, "limit", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+    after = _query_int(request, "after", None, 0, None)
+    page = state.programs.page(caller(request), after, limit)
+    engines = state.pool.engines
+    rows = [
+        state.programs.row(r, sum(e.program_waits.get(r.program_id, 0.0) for e in engines))
+        for r in page.records
+    ]
     return web.json_response(
         {
-            "programs": state.programs.snapshot(waits),
-            "engines": [engine.describe() for engine in state.pool.engines],
+            "programs": rows,
+            "total": page.total,
+            "has_more": page.next_after is not None,
+            "next_after": None if page.next_after is None else str(page.next_after),
+            "engines": [engine.describe() for engine in engines],
             "balancer": state.config.balancer,
             "locality_threshold": state.config.locality_threshold,
         }
     )
+
+
+def _query_int(
+    request: web.Request, name: str, default: int | None, low: int, high: int | None
+) -> int | None:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        bounds = f"{low} to {high}" if high is not None else f"at least {low}"
+        raise ApiError(400, f"{name} must be an integer, {bounds}", "invalid_parameter", name)
+    return value
 
 
 async def list_engines(request: web.Request) -> web.Response:

@@ -8,7 +8,9 @@ tokens are known only when the engine reports ``prompt_tokens_details``).
 For streams, :class:`SseRelay` forwards the server-sent events and picks the
 usage out of them: the last chunk of a chat or completion stream (asked for
 with ``stream_options.include_usage``; dropped again when the client had not
-asked for it) or the ``response.completed`` event of a response stream.
+asked for it) or the ``response.completed`` event of a response stream. A
+stream that ends before its usage (the client left, the engine broke) is
+charged an estimate: one token per event relayed, plus its prompt.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class SseRelay:
         self.meter = meter
         self.drop_usage = drop_usage
         self.service: float | None = None
+        self.events_relayed = 0
         self._pending = b""
 
     async def feed(self, chunk: bytes) -> None:
@@ -68,6 +71,7 @@ class SseRelay:
             start = end.end()
             if self._keep(event):
                 out.append(event)
+                self.events_relayed += 1
         self._pending = data[start:]
         if out:
             await self.response.write(b"".join(out))
@@ -77,6 +81,13 @@ class SseRelay:
         if self._pending:
             await self.response.write(self._pending)
             self._pending = b""
+
+    def service_so_far(self, prompt_tokens: int) -> float:
+        """The usage's service if the engine reported it, else an estimate of the
+        work done: one generated token per event relayed, and ``prompt_tokens``."""
+        if self.service is not None:
+            return self.service
+        return self.meter.amount(self.events_relayed, prompt_tokens)
 
     def _keep(self, event: bytes) -> bool:
         if b'"usage"' not in event:

@@ -1,0 +1,621 @@
+"""The router's security and fault suite: every router-side case of the hardening
+issue (issue 11), replayed against a real router on 127.0.0.1.
+
+Malformed HTTP and JSON, forged scheduling fields, owners and keys, call-id
+reuse, program limits, a flood of programs, a stream the client drops, a
+reset engine connection. Tests that need an engine's answers use the shared
+real engine (``engine`` marker, tests/conftest.py); a fake engine stands in
+only to inject a fault (a reset connection) or to record what the router
+sends (the engine key), which a real engine does not show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp import web
+from autellix_vllm.cli.ps import format_table
+from autellix_vllm.policy.config import ProgramLimits, ServiceMeter
+from autellix_vllm.router import RouterConfig
+from autellix_vllm.router.keys import load_api_keys
+from router_http import PROGRAMS, assert_openai_error, completion, program_row, request, unique
+
+MODEL = "fake-model"
+USAGE = {"prompt_tokens": 16, "completion_tokens": 2, "total_tokens": 18}
+USAGE_SERVICE = ServiceMeter().amount(2, 16)
+
+
+def dead_upstream() -> str:
+    """A loopback URL nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    logged = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not logged, logged[0].getMessage()
+
+
+# ---- a fake engine, for fault injection and for recording what the router sends ----
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+Answer = Callable[[web.Request, int], Awaitable[web.StreamResponse]]
+
+
+async def answer_with_usage(request: web.Request, number: int) -> web.StreamResponse:
+    choice = {"index": 0, "text": "ok", "finish_reason": "length"}
+    return web.json_response({"object": "text_completion", "choices": [choice], "usage": USAGE})
+
+
+@dataclass
+class FakeEngine:
+    """Healthy, one model, no Autellix table; ``answer`` decides each generation call."""
+
+    answer: Answer
+    url: str = ""
+    received: list[Received] = field(default_factory=list)
+    calls: int = 0
+
+    def posts(self) -> list[Received]:
+        return [r for r in self.received if r.method == "POST"]
+
+
+@contextlib.asynccontextmanager
+async def fake_engine(answer: Answer = answer_with_usage) -> AsyncIterator[FakeEngine]:
+    engine = FakeEngine(answer)
+
+    @web.middleware
+    async def record(request: web.Request, handler):
+        body = await request.read()
+        engine.received.append(Received(request.method, request.path, dict(request.headers), body))
+        return await handler(request)
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        number, engine.calls = engine.calls, engine.calls + 1
+        return await engine.answer(request, number)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application(middlewares=[record])
+    app.router.add_get("/health", ok)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_delete("/autellix/v1/engine/programs/{program_id}", ok)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        engine.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield engine
+    finally:
+        await runner.cleanup()
+
+
+# ---- malformed HTTP and JSON: a JSON 4xx, one log line, no traceback ----------------
+
+
+async def raw_http(url: str, request_bytes: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send bytes as they are; (status, headers, body) of the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request_bytes)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=10)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in header_lines)
+    return int(status_line.split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+MALFORMED_HTTP = {
+    "oversized header": (b"X-Big: " + b"a" * 9000 + b"\r\n", "request_too_large"),
+    "too many headers": (b"".join(b"X-%d: a\r\n" % i for i in range(200)), "request_too_large"),
+    "control character": (b"X-Autellix-Program-Id: a\x01b\r\n", "invalid_http_request"),
+    "ANSI escape": (b"X-Name: \x1b[31mred\r\n", "invalid_http_request"),
+    "NUL in a name": (b"X-A\x00: b\r\n", "invalid_http_request"),
+}
+
+
+async def test_malformed_http_gets_a_json_400_and_one_log_line(start_router, caplog):
+    caplog.set_level(logging.INFO)
+    async with start_router([dead_upstream()]) as router:
+        for what, (header, code) in MALFORMED_HTTP.items():
+            sent = b"GET /health HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n"
+            status, headers, body = await raw_http(router.url, sent)
+            assert status == 400, what
+            assert headers["content-type"].startswith("application/json"), what
+            assert_openai_error(status, json.loads(body), 400, code)
+        status, body = await request("GET", router.url + "/health")  # still serving
+        assert status == 503 and body == {"healthy_engines": []}
+    refused = [r for r in caplog.records if "malformed HTTP request" in r.getMessage()]
+    assert len(refused) == len(MALFORMED_HTTP)
+    no_tracebacks(caplog)
+
+
+async def test_deep_json_and_bad_program_names_are_json_400s(start_router, caplog):
+    caplog.set_level(logging.INFO)
+    async with start_router([dead_upstream()]) as router:
+        url = router.url + PROGRAMS
+        deep = b"[" * 100_000
+        for _ in range(3):
+            status, body = await request("POST", url, data=deep)
+            assert_openai_error(status, body, 400, "invalid_json")
+        for name in ("a\x00b", "\x1b[2J\x1b[31mred", "x" * 257, "bidi \u202e", 7):
+            status, body = await request("POST", url, json={"name": name})
+            assert_openai_error(status, body, 400, "invalid_name")
+        for query in ("limit=0", "limit=1001", "limit=x", "after=-1"):
+            status, body = await request("GET", f"{url}?{query}")
+            assert_openai_error(status, body, 400, "invalid_parameter")
+        status, opened = await request("POST", url, json={"name": "plain name é"})
+        assert status == 200 and opened["name"] == "plain name é"
+    no_tracebacks(caplog)
+
+
+def test_ps_and_top_escape_what_a_terminal_would_act_on():
+    hostile = "\x1b[2J\x1b]0;pwned\x07evil\x00\u202e"
+    table = {
+        "balancer": "locality",
+        "engines": [{"name": "engine-0", "healthy": True, "load": 0}],
+        "programs": [{"program_id": "p\x1b[1m", "name": hostile, "owner": "a\nb", "age_s": 1}],
+    }
+    for sort_by in ("age", "service"):
+        text = format_table(table, sort_by=sort_by)
+        assert not any(ch in text for ch in "\x1b\x07\x00\u202e")
+        assert "\\x1b[2J" in text and "evil" in text and "\\x00" in text
+        assert len(text.splitlines()) == 3  # the owner's newline did not add a line
+
+
+# ---- forged scheduling fields; the engine key -----------------------------------
+
+
+async def test_the_engine_gets_the_engine_key_and_only_the_routers_scheduling_fields(
+    start_router,
+):
+    async with (
+        fake_engine() as engine,
+        start_router([engine.url], api_key="client-key", engine_key="engine-key") as router,
+    ):
+        forged = {
+            "Authorization": "Bearer client-key",
+            "X-Autellix-Program-Id": "mine",
+            "X-Autellix-Prior-Service": "1e300",
+        }
+        body = completion(
+            MODEL,
+            vllm_xargs={"autellix_prior_service": 1e300, "autellix_thread_id": "t1", "top_k": 5},
+        )
+        for _ in range(2):
+            status, _ = await request(
+                "POST", router.url + "/v1/completions", json=body, headers=forged
+            )
+            assert status == 200
+        router.state.programs.get("mine").service = 1e300  # as if it had run forever
+        status, _ = await request("POST", router.url + "/v1/completions", json=body, headers=forged)
+        assert status == 200
+        status, _ = await request("DELETE", f"{router.url}{PROGRAMS}/mine", headers=forged)
+        assert status == 200
+
+    assert {r.path for r in engine.received} >= {
+        "/health",
+        "/v1/models",
+        "/v1/completions",
+        "/autellix/v1/engine/programs/mine",
+    }
+    for received in engine.received:  # probes, calls, the end of the program
+        assert received.headers["Authorization"] == "Bearer engine-key", received.path
+    first, second, third = engine.posts()
+    for sent in (first, second, third):
+        assert json.loads(sent.body)["vllm_xargs"] == {"top_k": 5}  # the forged keys are gone
+        assert sent.headers["X-Autellix-Program-Id"] == "mine"
+        assert sent.headers["X-Autellix-Thread-Id"] == "t1"  # what the router accepted
+    assert "X-Autellix-Prior-Service" not in first.headers  # no service yet: none sent
+    assert float(second.headers["X-Autellix-Prior-Service"]) == USAGE_SERVICE
+    assert float(third.headers["X-Autellix-Prior-Service"]) == ProgramLimits().max_prior_service
+
+
+# ---- owners and keys --------------------------------------------------------------
+
+
+def test_a_keys_file_names_its_keys_and_its_errors_never_show_a_key(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\n\nalice: sk-alice-1\nbob : sk-bob:2  \nsk-bare-3\n")
+    loaded = load_api_keys(keys)
+    assert loaded["sk-alice-1"] == "alice" and loaded["sk-bob:2"] == "bob"
+    assert loaded["sk-bare-3"].startswith("key-")  # named after its hash
+    bad_files = {
+        "alice: sk-1\nbob: sk-1\n": "line 2: the same key is on line 1",
+        "# only a comment\n": "no keys in it",
+        "carol: sk with space\n": "line 1: the key must not contain spaces",
+        ": sk-no-name\n": "line 1: a name must be",
+        "alice:\n": "line 1: the key must not be empty",
+    }
+    for text, message in bad_files.items():
+        keys.write_text(text)
+        with pytest.raises(ValueError, match=message) as caught:
+            load_api_keys(keys)
+        assert "sk-" not in str(caught.value)
+    with pytest.raises(ValueError, match="cannot read it"):
+        load_api_keys(tmp_path / "missing")
+    keys.write_text("alice: sk-alice-1\n")
+    config = RouterConfig(
+        upstreams=("http://127.0.0.1:1",),
+        api_key="sk-solo",
+        api_keys_file=str(keys),
+        admin_key="sk-admin",
+        engine_key="sk-engine",
+    )
+    assert "sk-" not in repr(config) and len(config.keys) == 3
+    with pytest.raises(ValueError, match="admin key must differ"):
+        RouterConfig(
+            upstreams=("http://127.0.0.1:1",), api_keys_file=str(keys), admin_key="sk-alice-1"
+        )
+
+
+async def test_programs_belong_to_the_key_that_opened_them(start_router, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("alice: sk-alice\nbob: sk-bob\n")
+    options = {"api_keys_file": str(keys), "api_key": "sk-solo", "admin_key": "sk-admin"}
+    async with start_router([dead_upstream()], **options) as router:
+        url = router.url + PROGRAMS
+
+        async def open_as(key: str) -> str:
+            status, body = await request("POST", url, json={"name": key}, headers=bearer(key))
+            assert status == 200
+            return body["program_id"]
+
+        async def listed(key: str) -> dict[str, str]:
+            status, table = await request("GET", url, headers=bearer(key))
+            assert status == 200 and table["total"] == len(table["programs"])
+            return {row["program_id"]: row["owner"] for row in table["programs"]}
+
+        alice = [await open_as("sk-alice"), await open_as("sk-alice")]
+        bob = await open_as("sk-bob")
+        assert await listed("sk-alice") == dict.fromkeys(alice, "alice")
+        assert await listed("sk-bob") == {bob: "bob"}
+        assert await listed("sk-solo") == {}
+        assert await listed("sk-admin") == {**dict.fromkeys(alice, "alice"), bob: "bob"}
+
+        # Another key's program does not exist for it: not listed, not ended.
+        end = f"{url}/{alice[0]}"
+        assert_openai_error(
+            *await request("DELETE", end, headers=bearer("sk-bob")), 404, "program_not_found"
+        )
+        assert alice[0] in await listed("sk-alice")
+        assert (await request("DELETE", end, headers=bearer("sk-alice")))[0] == 200
+        assert_openai_error(
+            *await request("DELETE", end, headers=bearer("sk-alice")), 404, "program_ended"
+        )
+        assert_openai_error(
+            *await request("DELETE", end, headers=bearer("sk-bob")), 404, "program_not_found"
+        )  # not even that it has ended
+        # The admin key ends anyone's.
+        assert (await request("DELETE", f"{url}/{bob}", headers=bearer("sk-admin")))[0] == 200
+        assert await listed("sk-bob") == {}
+        for headers in ({}, bearer("sk-wrong"), {"Authorization": "sk-alice"}):
+            assert_openai_error(*await request("GET", url, headers=headers), 401, "invalid_api_key")
+
+
+# ---- a flood of programs: capped, paged, and the router keeps answering ----------
+
+
+async def test_a_flood_of_programs_is_capped_and_paged_without_stalling_the_router(start_router):
+    cap, flood = 10_000, 20_000
+    async with start_router([dead_upstream()], max_programs_per_key=cap) as router:
+        loop = asyncio.get_running_loop()
+        # Per health probe: the loop's CPU time while it waited (the router and this
+        # test share one thread, so that is the longest the router kept it waiting,
+        # whatever else the machine runs), and its wall time.
+        health_cpu_s: list[float] = []
+        health_s: list[float] = []
+        statuses: Counter[int] = Counter()
+        refusal: list[object] = []
+
+        async def probe_health(http: aiohttp.ClientSession) -> None:
+            while True:
+                began, began_cpu = time.perf_counter(), time.thread_time()
+                async with http.get(router.url + "/health") as answer:
+                    await answer.read()
+                health_cpu_s.append(time.thread_time() - began_cpu)
+                health_s.append(time.perf_counter() - began)
+                await asyncio.sleep(0.01)
+
+        async def create(http: aiohttp.ClientSession, numbers: range) -> None:
+            for i in numbers:
+                async with http.post(router.url + PROGRAMS, json={"name": f"f{i}"}) as answer:
+                    statuses[answer.status] += 1
+                    if answer.status == 429 and not refusal:
+                        refusal.append(await answer.json())
+
+        async with aiohttp.ClientSession() as http, aiohttp.ClientSession() as prober:
+            probing = loop.create_task(probe_health(prober))
+            workers = 16
+            await asyncio.gather(*(create(http, range(w, flood, workers)) for w in range(workers)))
+            seen: list[str] = []
+            after = None
+            pages = 0
+            while True:
+                query = f"?limit=1000&after={after}" if after else "?limit=1000"
+                async with http.get(router.url + PROGRAMS + query) as answer:
+                    page = await answer.json()
+                seen.extend(row["program_id"] for row in page["programs"])
+                pages += 1
+                assert page["total"] == cap and page["has_more"] == (page["next_after"] is not None)
+                after = page["next_after"]
+                if after is None:
+                    break
+            default_page = await (await http.get(router.url + PROGRAMS)).json()
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+
+        assert statuses == {200: cap, 429: flood - cap}
+        assert_openai_error(429, refusal[0], 429, "too_many_programs")
+        assert pages == 10 and len(set(seen)) == cap
+        assert len(default_page["programs"]) == 100 and default_page["has_more"]
+        assert len(health_s) > 50 and max(health_cpu_s) < 0.1, max(health_cpu_s)
+        assert max(health_s) < 2.0, max(health_s)
+
+
+# ---- call limits and call ids, on the real engine -------------------------------
+
+
+@pytest.mark.engine
+async def test_a_forged_prior_service_never_reaches_the_engine(engine, start_router):
+    model = engine.served_model_name
+    program_id = unique("forged")
+    async with start_router([engine.base_url]) as router:
+        headers = {"X-Autellix-Program-Id": program_id, "X-Autellix-Prior-Service": "1e300"}
+        body = completion(model, vllm_xargs={"autellix_prior_service": 1e300})
+        for _ in range(2):
+            status, answer = await request(
+                "POST", router.url + "/v1/completions", json=body, headers=headers
+            )
+            assert status == 200, answer
+        row = program_row((await request("GET", router.url + PROGRAMS))[1], program_id)
+    engine_table = (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
+    attained = program_row(engine_table, program_id)["attained_service"]
+    assert 0 < attained < 1000 and row["service"] < 1000
+
+
+@pytest.mark.engine
+async def test_calls_of_another_key_get_404_and_call_ids_are_used_once(
+    engine, start_router, tmp_path
+):
+    model = engine.served_model_name
+    keys = tmp_path / "keys"
+    keys.write_text("alice: sk-alice\nbob: sk-bob\n")
+    options = {"api_keys_file": str(keys), "admin_key": "sk-admin"}
+    async with start_router([engine.base_url], **options) as router:
+        post = router.url + "/v1/completions"
+        status, opened = await request("POST", router.url + PROGRAMS, headers=bearer("sk-alice"))
+        program_id = opened["program_id"]
+
+        def call(call_id: str, key: str = "sk-alice") -> dict[str, str]:
+            return {
+                "X-Autellix-Program-Id": program_id,
+                "X-Autellix-Call-Id": call_id,
+                **bearer(key),
+            }
+
+        assert_openai_error(
+            *await request("POST", post, json=completion(model), headers=call("c0", "sk-bob")),
+            404,
+            "program_not_found",
+        )
+        status, by_admin = await request(
+            "POST", post, json=completion(model), headers=call("c0", "sk-admin")
+        )
+        assert status == 200  # the admin key may act for any program
+        usage = by_admin["usage"]
+        charged = ServiceMeter().amount(usage["completion_tokens"], usage["prompt_tokens"])
+
+        # Reuse after completion: 409, and nothing charged.
+        status, first = await request("POST", post, json=completion(model), headers=call("c1"))
+        assert status == 200
+        usage = first["usage"]
+        charged += ServiceMeter().amount(usage["completion_tokens"], usage["prompt_tokens"])
+        for _ in range(3):
+            assert_openai_error(
+                *await request("POST", post, json=completion(model), headers=call("c1")),
+                409,
+                "call_id_reused",
+            )
+
+        # A duplicate of a call in flight: 409, the first one completes.
+        slow = asyncio.ensure_future(
+            request("POST", post, json=completion(model, max_tokens=200), headers=call("c2"))
+        )
+        state = router.state.programs
+
+        async def in_flight() -> None:
+            while "c2" not in state.get(program_id).calls_in_flight:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(in_flight(), 30)
+        assert_openai_error(
+            *await request("POST", post, json=completion(model), headers=call("c2")),
+            409,
+            "call_id_reused",
+        )
+        status, second = await slow
+        assert status == 200
+        usage = second["usage"]
+        charged += ServiceMeter().amount(usage["completion_tokens"], usage["prompt_tokens"])
+
+        # A retry of an attempt that did not complete is allowed, and charged once.
+        status, body = await request(
+            "POST", post, json=completion(model, max_tokens=-1), headers=call("c3")
+        )
+        assert status == 400  # the engine refused it
+        status, third = await request("POST", post, json=completion(model), headers=call("c3"))
+        assert status == 200
+        usage = third["usage"]
+        charged += ServiceMeter().amount(usage["completion_tokens"], usage["prompt_tokens"])
+
+        table = (await request("GET", router.url + PROGRAMS, headers=bearer("sk-alice")))[1]
+        row = program_row(table, program_id)
+        assert row["calls_completed"] == 4 and row["calls_failed"] == 1
+        assert row["service"] == pytest.approx(charged)
+
+
+@pytest.mark.engine
+async def test_program_limits_are_400s_that_name_the_limit(engine, start_router):
+    model = engine.served_model_name
+    limits = ProgramLimits(max_threads=4, max_fork_depth=2, max_live_calls=2)
+    program_id = unique("limits")
+    async with start_router([engine.base_url], limits=limits) as router:
+        post = router.url + "/v1/completions"
+
+        def on(thread: str, parent: str | None = None) -> dict[str, str]:
+            headers = {"X-Autellix-Program-Id": program_id, "X-Autellix-Thread-Id": thread}
+            return {**headers, "X-Autellix-Parent-Thread-Id": parent} if parent else headers
+
+        assert (await request("POST", post, json=completion(model), headers=on("main")))[0] == 200
+        assert (await request("POST", post, json=completion(model), headers=on("t1", "main")))[
+            0
+        ] == 200
+        assert (await request("POST", post, json=completion(model), headers=on("t2", "t1")))[
+            0
+        ] == 200
+        status, body = await request("POST", post, json=completion(model), headers=on("t3", "t2"))
+        assert_openai_error(status, body, 400, "fork_too_deep")
+        assert "max_fork_depth" in body["error"]["message"]
+        assert (await request("POST", post, json=completion(model), headers=on("t4", "main")))[
+            0
+        ] == 200
+        status, body = await request("POST", post, json=completion(model), headers=on("t5"))
+        assert_openai_error(status, body, 400, "too_many_threads")
+        assert "max_threads" in body["error"]["message"]
+
+        slow = [
+            asyncio.ensure_future(
+                request("POST", post, json=completion(model, max_tokens=200), headers=on("main"))
+            )
+            for _ in range(2)
+        ]
+
+        async def both_in_flight() -> None:
+            while router.state.programs.get(program_id).calls_active < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(both_in_flight(), 30)
+        status, body = await request("POST", post, json=completion(model), headers=on("main"))
+        assert_openai_error(status, body, 400, "too_many_live_calls")
+        assert "max_live_calls" in body["error"]["message"]
+        assert [status for status, _ in await asyncio.gather(*slow)] == [200, 200]
+
+
+@pytest.mark.engine
+async def test_deep_bodies_are_json_4xx_and_the_router_keeps_serving(engine, start_router, caplog):
+    caplog.set_level(logging.INFO)
+    model = engine.served_model_name
+    async with start_router([engine.base_url]) as router:
+        post = router.url + "/v1/chat/completions"
+        for _ in range(3):
+            status, body = await request("POST", post, data=b"[" * 100_000)
+            assert_openai_error(status, body, 400, "invalid_json")
+        deep: object = "hi"
+        for _ in range(950):
+            deep = [deep]
+        status, body = await request("POST", post, json={"model": model, "messages": deep})
+        assert 400 <= status < 500 and isinstance(body, dict) and "error" in body, body
+        good = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        status, answer = await request("POST", post, json=good)
+        assert status == 200, answer
+    no_tracebacks(caplog)
+
+
+# ---- dropped streams and reset connections -------------------------------------
+
+
+@pytest.mark.engine
+async def test_a_stream_the_client_drops_is_charged_and_not_completed(engine, start_router):
+    program_id = unique("dropped")
+    body = completion(engine.served_model_name, max_tokens=400, stream=True)
+    async with start_router([engine.base_url]) as router:
+        async with aiohttp.ClientSession() as http:
+            headers = {"X-Autellix-Program-Id": program_id}
+            async with http.post(
+                router.url + "/v1/completions", json=body, headers=headers
+            ) as answer:
+                assert answer.status == 200
+                for _ in range(5):
+                    await answer.content.readline()  # a few events, then the client leaves
+        records = router.state.programs
+
+        async def settled() -> None:
+            while records.get(program_id).calls_active:
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(settled(), 30)
+        row = program_row((await request("GET", router.url + PROGRAMS))[1], program_id)
+    assert row["calls_completed"] == 0 and row["calls_failed"] == 1
+    assert row["service"] > 0  # the prompt and the tokens relayed before the client left
+
+
+async def reset_first_call(request: web.Request, number: int) -> web.StreamResponse:
+    """The first call's connection is closed before any answer (a stale pooled
+    connection looks the same to the router); the others are answered."""
+    if number == 0:
+        assert request.transport is not None
+        request.transport.close()
+        raise ConnectionResetError("closed before answering")
+    return await answer_with_usage(request, number)
+
+
+async def reset_every_call(request: web.Request, number: int) -> web.StreamResponse:
+    assert request.transport is not None
+    request.transport.close()
+    raise ConnectionResetError("closed before answering")
+
+
+async def test_a_reset_engine_connection_is_retried_on_the_same_engine(start_router):
+    async with fake_engine(reset_first_call) as engine, start_router([engine.url]) as router:
+        headers = {"X-Autellix-Program-Id": "p", "X-Autellix-Call-Id": "c1"}
+        status, body = await request(
+            "POST", router.url + "/v1/completions", json=completion(MODEL), headers=headers
+        )
+        assert status == 200, body
+        assert len(engine.posts()) == 2 and router.state.pool.engines[0].healthy
+        row = program_row((await request("GET", router.url + PROGRAMS))[1], "p")
+        assert row["calls_completed"] == 1 and row["calls_failed"] == 0
+        assert row["service"] == USAGE_SERVICE
+        metrics = (await request("GET", router.url + "/metrics"))[1]
+        assert 'autellix_router_retries_total{engine="engine-0"} 1.0' in metrics
+
+    # Once: an engine that resets every call is not tried forever.
+    async with fake_engine(reset_every_call) as engine, start_router([engine.url]) as router:
+        status, body = await request("POST", router.url + "/v1/completions", json=completion(MODEL))
+        assert_openai_error(status, body, 502, "engine_unreachable")
+        assert len(engine.posts()) == 2
