@@ -1,6 +1,6 @@
 """autellix client SDK: run an LLM agent as one program the server can schedule.
 
-Three-line migration::
+Two-line migration::
 
     from autellix import AsyncOpenAI, program      # was: from openai import AsyncOpenAI
 
@@ -8,7 +8,8 @@ Three-line migration::
     async def agent(task: str) -> str: ...          # unchanged body
 
 Every LLM call made inside `agent` carries its program and thread identity in
-HTTP headers. See docs/sdk.md.
+HTTP headers; each task that `asyncio.gather`, `create_task` or a `TaskGroup`
+starts in it is a thread of its own. See docs/sdk.md.
 """
 
 from ._client import AsyncOpenAI, OpenAI

@@ -7,8 +7,10 @@ every LLM call (`chat.completions.create`, `completions.create`,
 options as a plain `RequestOptions` dict. Our override does two things and then
 hands over to openai unchanged:
 
-1. tag: read the current identity from the contextvar and add the identity
-   headers to a copy of the options (see `_tagging`);
+1. tag: read the current identity from the contextvar (a task's first call
+   starts its child thread, see `_identity`) and add the identity headers to a
+   copy of the options (see `_tagging`); a call with no identity from an
+   executor thread while a program is open is warned about once (`_threads`);
 2. retry: run openai's POST with its own retries off, retrying transient
    failures with one call id (see `_retry`).
 
@@ -29,9 +31,10 @@ from typing import Any, Self
 
 import openai
 
-from ._identity import current_identity, new_id
+from ._identity import current_identity, new_id, programs_open
 from ._retry import RetryPolicy, worth_retrying
 from ._tagging import tagged_headers
+from ._threads import warn_if_lost_in_os_thread
 
 _newest_clients: dict[str, weakref.ref[Any]] = {}
 """The most recently constructed autellix client of each kind ("async", "sync")."""
@@ -100,6 +103,8 @@ class _AutellixClientMixin:
         identity = current_identity()
         if identity is not None:
             tagged["headers"] = tagged_headers(options.get("headers"), identity, new_id())
+        elif programs_open():
+            warn_if_lost_in_os_thread()
         post_arguments["options"] = tagged
         return attempts
 

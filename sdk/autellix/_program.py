@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from collections.abc import Callable
 from contextvars import Token
 from typing import Any, ParamSpec, TypeVar, overload
@@ -26,17 +25,21 @@ from typing import Any, ParamSpec, TypeVar, overload
 import openai
 
 from ._client import newest_async_client, newest_sync_client
-from ._identity import ThreadIdentity, bind, current_identity, new_id, unbind
+from ._identity import (
+    ThreadIdentity,
+    bind,
+    count_open_program,
+    identity_in_context,
+    new_id,
+    unbind,
+)
+from ._once import warn_once
 from ._programs_api import end_program, end_program_blocking, open_program, open_program_blocking
 from ._threads import ThreadBlock
-
-log = logging.getLogger("autellix")
 
 T = TypeVar("T")
 P = ParamSpec("P")
 AnyOpenAIClient = openai.AsyncOpenAI | openai.OpenAI
-
-_warned_no_client = False
 
 
 class ProgramSession:
@@ -56,7 +59,7 @@ class ProgramSession:
         self._server: Any = None
 
     async def __aenter__(self) -> ThreadIdentity:
-        if current_identity() is not None:
+        if identity_in_context() is not None:
             return self._enter_as_thread()
         client = self._pick_client(openai.AsyncOpenAI, newest_async_client)
         program_id = await open_program(client, self._name) if client else None
@@ -68,7 +71,7 @@ class ProgramSession:
             await end_program(self._server, program_id)
 
     def __enter__(self) -> ThreadIdentity:
-        if current_identity() is not None:
+        if identity_in_context() is not None:
             return self._enter_as_thread()
         client = self._pick_client(openai.OpenAI, newest_sync_client)
         program_id = open_program_blocking(client, self._name) if client else None
@@ -97,6 +100,7 @@ class ProgramSession:
         self._server = client if program_id is not None else None
         self._identity = ThreadIdentity.main_thread_of(program_id or new_id("local"))
         self._token = bind(self._identity)
+        count_open_program(+1)
         return self._identity
 
     def _leave(self) -> str | None:
@@ -106,6 +110,7 @@ class ProgramSession:
             return None
         if self._token is not None:
             unbind(self._token)
+            count_open_program(-1)
         if self._server is None or self._identity is None:
             return None
         return self._identity.program_id
@@ -173,11 +178,9 @@ def program(
 
 
 def _warn_no_client(kind: type[Any]) -> None:
-    global _warned_no_client
-    if not _warned_no_client:
-        _warned_no_client = True
-        log.warning(
-            "autellix: no autellix.%s exists yet, so programs run with local ids the "
-            "server never opened; create the client first or pass client=",
-            kind.__name__,
-        )
+    warn_once(
+        "no-client",
+        "autellix: no autellix.%s exists yet, so programs run with local ids the "
+        "server never opened; create the client first or pass client=",
+        kind.__name__,
+    )

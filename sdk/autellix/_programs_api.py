@@ -8,7 +8,8 @@ the openai client itself, so they use its connection pool, its auth header
 (`Authorization: Bearer <api_key>`) and its retry policy.
 
 A server that answers 404 to the open call is a plain OpenAI-compatible server:
-it is remembered, warned about once, and the program runs with local ids.
+it is remembered, warned about once per process (however many programs were
+opening at the time), and the program runs with local ids.
 Ending a program is best effort: one attempt, a short timeout, never an error.
 """
 
@@ -18,6 +19,8 @@ import logging
 from typing import Any
 
 import openai
+
+from ._once import warn_once
 
 log = logging.getLogger("autellix")
 
@@ -99,7 +102,8 @@ def _program_id_from(answer: object) -> str:
 
 def _remember_plain_server(url: str) -> None:
     _plain_servers.add(url)
-    log.warning(
+    warn_once(
+        f"plain-server {url}",
         "autellix: %s answered 404, so this is a plain OpenAI-compatible server; "
         "programs run with local ids (calls still carry them)",
         url,

@@ -4,14 +4,22 @@ A thread is a sequence of LLM calls. Forking gives the child a new thread id
 whose parent is the forking thread; the parent's own context is never changed,
 because the child's identity is set in the child's copy of the context.
 
-- `fork(coro)` / `create_task(coro)`: start a coroutine as a child thread.
+Plain asyncio needs no help: a task started with `asyncio.gather`,
+`asyncio.create_task` or `TaskGroup.create_task` makes its calls in a child
+thread of its own, from its first call on (see `_identity`). A join needs no
+message either: the server treats the parent's next call as joining the
+children that have finished. The helpers below are for control (naming a
+thread, a block that is a thread) and for OS threads, which asyncio does not
+reach:
+
+- `fork(coro)` / `create_task(coro)`: start a coroutine as a (named) child thread.
 - `gather(*coros)`: fork each coroutine and wait for all of them (join).
 - `with thread(name)` / `async with thread(name)`: run a block as a child thread.
 - `forked(fn)`: for OS threads and executors, run each call of `fn` as a child thread.
 - `bound(fn)`: for OS threads and executors, run `fn` in the current thread.
 
-A plain `asyncio.create_task` (or `TaskGroup.create_task`, `asyncio.to_thread`)
-copies the context, so its calls stay in the current thread. Outside a program
+Explicit forks start from the thread bound where they are made: in a task that
+has made no call yet, that is the thread the task inherited. Outside a program
 all of these behave like their asyncio counterparts and tag nothing.
 """
 
@@ -20,10 +28,20 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-from ._identity import ThreadIdentity, bind, current_identity, unbind
+from ._identity import (
+    ThreadIdentity,
+    bind,
+    bind_for_new_task,
+    identity_in_context,
+    programs_open,
+    running_task,
+    unbind,
+)
+from ._once import warn_once
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -34,12 +52,14 @@ def fork(coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Ta
 
     `name` names the asyncio task and prefixes the new thread id.
     """
-    parent = current_identity()
+    parent = identity_in_context()
     if parent is None:
         return asyncio.create_task(coro, name=name)
     context = contextvars.copy_context()
-    context.run(bind, parent.child(name))
-    return asyncio.create_task(coro, name=name, context=context)
+    claim = context.run(bind_for_new_task, parent.child(name))
+    task = asyncio.create_task(coro, name=name, context=context)
+    claim(task)
+    return task
 
 
 create_task = fork
@@ -64,7 +84,7 @@ class ThreadBlock:
         self._token: contextvars.Token[ThreadIdentity | None] | None = None
 
     def __enter__(self) -> ThreadIdentity | None:
-        parent = current_identity()
+        parent = identity_in_context()
         if parent is None:
             return None
         child = parent.child(self._name)
@@ -100,7 +120,7 @@ def forked(fn: Callable[P, T], *, name: str | None = None) -> Callable[P, T]:
     wrapping_context = contextvars.copy_context()
 
     def run_as_child(*args: P.args, **kwargs: P.kwargs) -> T:
-        parent = current_identity()
+        parent = identity_in_context()
         if parent is not None:
             bind(parent.child(name))  # in a throwaway copy of the context
         return fn(*args, **kwargs)
@@ -125,3 +145,24 @@ def bound(fn: Callable[P, T]) -> Callable[P, T]:
         return wrapping_context.copy().run(fn, *args, **kwargs)
 
     return call
+
+
+def warn_if_lost_in_os_thread() -> None:
+    """Warn (once per process) about a call with no program from an OS thread while one is open.
+
+    Executors and `threading.Thread` do not copy the context, so the calls of
+    work submitted from a program lose it silently; the SDK cannot tell which
+    program they belong to. Calls from asyncio tasks are left alone: tasks
+    inherit the program, so a task without one is outside programs on purpose.
+    """
+    if running_task() is not None:
+        return
+    warn_once(
+        "call-lost-in-os-thread",
+        "autellix: a call from OS thread %r belongs to no program while %d program(s) are"
+        " open in this process, so it goes out untagged; if it is a program's work,"
+        " submit autellix.forked(fn) (a child thread per call) or autellix.bound(fn)"
+        " (the submitting thread) to the executor instead of fn",
+        threading.current_thread().name,
+        programs_open(),
+    )

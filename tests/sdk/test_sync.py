@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -106,6 +107,75 @@ def test_forked_makes_each_executor_call_a_child_thread(
         call = server.call_tagged(tag)
         assert (call.thread_id, call.parent_thread_id) == (child, main_thread)
         assert child is not None and child.startswith("worker-")
+
+
+def lost_call_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "belongs to no program" in r.getMessage()]
+
+
+def test_executor_calls_that_lose_the_program_warn_once(
+    server: FakeOpenAIServer, sync_client: autellix.OpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The sync agent of the migration guide with only the import and @program changed.
+    @autellix.program
+    def agent() -> None:
+        ask(sync_client, "plan")
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="pool") as pool:
+            list(pool.map(ask, [sync_client] * 3, ["w1", "w2", "w3"]))
+
+    with caplog.at_level(logging.WARNING, logger="autellix"):
+        agent()
+        agent()
+
+    assert [call.program_id for call in server.generation_calls()].count(None) == 6
+    [warning] = lost_call_warnings(caplog)
+    assert "from OS thread 'pool_" in warning and "autellix.forked(fn)" in warning
+
+
+async def test_run_in_executor_from_an_async_program_warns(
+    server: FakeOpenAIServer,
+    client: autellix.AsyncOpenAI,
+    sync_client: autellix.OpenAI,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    @autellix.program(client=client)
+    async def agent() -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, ask, sync_client, "executor")  # no context copy
+
+    with caplog.at_level(logging.WARNING, logger="autellix"):
+        await agent()
+
+    assert server.call_tagged("executor").program_id is None
+    assert len(lost_call_warnings(caplog)) == 1
+
+
+async def test_calls_outside_programs_do_not_warn_without_an_open_program_or_from_tasks(
+    server: FakeOpenAIServer,
+    client: autellix.AsyncOpenAI,
+    sync_client: autellix.OpenAI,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    opened = asyncio.Event()
+    leave = asyncio.Event()
+
+    @autellix.program(client=client)
+    async def agent() -> None:
+        opened.set()
+        await leave.wait()
+
+    async def plain_call_while_the_program_is_open() -> None:
+        await opened.wait()
+        await client.chat.completions.create(model="m", messages=MESSAGES)  # a task: no warning
+        leave.set()
+
+    with caplog.at_level(logging.WARNING, logger="autellix"):
+        await asyncio.to_thread(ask, sync_client, "no-program-open")
+        await asyncio.gather(agent(), plain_call_while_the_program_is_open())
+        await asyncio.to_thread(ask, sync_client, "program-ended")
+
+    assert [call.program_id for call in server.generation_calls()] == [None] * 3
+    assert lost_call_warnings(caplog) == []
 
 
 def test_sync_thread_block(server: FakeOpenAIServer, sync_client: autellix.OpenAI) -> None:

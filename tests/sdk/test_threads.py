@@ -1,4 +1,5 @@
-"""Fork/join: which thread, and which parent, each call reports."""
+"""Explicit fork/join (autellix.gather, fork, thread): which thread, and which parent,
+each call reports. The automatic threads of plain asyncio are in test_automatic_threads."""
 
 from __future__ import annotations
 
@@ -75,22 +76,6 @@ async def test_create_task_is_fork(server: FakeOpenAIServer, client: autellix.As
 
     assert child_thread != main_thread
     assert server.call_tagged("child").parent_thread_id == main_thread
-
-
-async def test_plain_asyncio_tasks_stay_in_the_current_thread(
-    server: FakeOpenAIServer, client: autellix.AsyncOpenAI
-) -> None:
-    @autellix.program
-    async def agent() -> None:
-        await asyncio.gather(ask(client, "t1"), asyncio.create_task(ask(client, "t2")))
-        await ask(client, "main")
-
-    await agent()
-
-    main = server.call_tagged("main")
-    for tag in ("t1", "t2"):
-        call = server.call_tagged(tag)
-        assert (call.thread_id, call.parent_thread_id) == (main.thread_id, None)
 
 
 async def test_thread_block_runs_as_a_child_thread(
