@@ -5,32 +5,48 @@ the Autellix scheduler, identity middleware and plugins), started on first use
 and stopped at the end of the session, also when tests fail. Startup takes
 about 40-65 s on a 2-core machine, so every test that needs an engine shares
 this one; tests must therefore use their own program ids and not assume an
-empty table.
+empty table. ``running_engine`` starts another, differently configured one
+(for instance with an engine key), for a module that needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def running_engine(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[..., AbstractContextManager[object]]:
+    """``running_engine(name, **config)``: a context manager that starts a small CPU
+    engine (``EngineConfig`` fields override the test defaults), waits until it is
+    healthy (failing the test if it does not start) and always stops it."""
     pytest.importorskip("vllm")
     from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, EngineStartError
 
-    log_file = tmp_path_factory.mktemp("engine") / "server.log"
-    process = EngineProcess(
-        EngineConfig(port=0, max_num_seqs=4, max_model_len=512, kv_cache_gib=1, log_file=log_file)
-    )
-    try:
-        process.start()
-        process.wait_healthy(timeout_s=600)
-    except EngineStartError as exc:
-        process.stop()
-        pytest.fail(f"the test engine did not start: {exc}")
-    try:
+    @contextmanager
+    def run(name: str, **config: object) -> Iterator[object]:
+        fields = {"port": 0, "max_num_seqs": 4, "max_model_len": 512, "kv_cache_gib": 1}
+        log_file = tmp_path_factory.mktemp(name) / "server.log"
+        process = EngineProcess(EngineConfig(**{**fields, **config}, log_file=log_file))
+        try:
+            process.start()
+            process.wait_healthy(timeout_s=600)
+        except EngineStartError as exc:
+            process.stop()
+            pytest.fail(f"the test engine {name} did not start: {exc}")
+        try:
+            yield process
+        finally:
+            process.stop()
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def engine(running_engine: Callable[..., AbstractContextManager[object]]) -> Iterator[object]:
+    with running_engine("engine") as process:
         yield process
-    finally:
-        process.stop()

@@ -23,7 +23,10 @@ header                          ``vllm_xargs`` key             value
 =============================== ============================== ===========
 
 An id is 1 to 128 characters with no control characters; only the parent
-thread header may be empty, which means the main thread (no parent).
+thread header may be empty, which means the main thread (no parent). Header
+values are UTF-8: the router (aiohttp) and the engine's middleware (raw ASGI
+bytes) both hand them to :func:`read_identity`, which reads bytes as UTF-8, and
+a value that is not UTF-8 is malformed (400), so both store the same id.
 
 Precedence, per part: header, then the body's ``vllm_xargs`` key. The headers
 are what the SDK and the router set on every call, while a body key may be
@@ -35,10 +38,14 @@ router's program and engine API (:data:`PROGRAMS_PATH`, :data:`ENGINES_PATH`)
 and each engine's own (:data:`ENGINE_TABLE_PATH`, :data:`ENGINE_PROGRAM_PATH`).
 
 Errors: OpenAI's shape, :func:`error_body`, from the router and the engines alike.
+
+Keys: :func:`holds_key` reads an ``Authorization: Bearer <key>`` header the way
+vLLM's own ``--api-key`` check does, in constant time.
 """
 
 from __future__ import annotations
 
+import hmac
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -99,6 +106,7 @@ ENGINES_PATH = "/autellix/v1/engines"
 ENGINE_TABLE_PATH = "/autellix/v1/engine/table"
 """Engine: its process table."""
 ENGINE_PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
+"""Engine: ``DELETE`` ends a program there."""
 
 # The engine key: the secret a router (or an operator) holds for an engine. An
 # engine started with one (`autellix engine --api-key`, `autellix serve` makes
@@ -106,7 +114,8 @@ ENGINE_PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
 # prior service) and its /autellix/v1/engine/* endpoints only from callers that
 # send it as `Authorization: Bearer <key>`, as vLLM's own --api-key does.
 ENGINE_KEY_VARIABLE = "AUTELLIX_ENGINE_KEY"
-"""Engine: ``DELETE`` ends a program there."""
+# The error code of a request that lacks a key the server needs (status 401).
+INVALID_KEY_CODE = "invalid_api_key"
 
 # ---- identity: reading and validation ---------------------------------------------
 
@@ -153,6 +162,9 @@ def validate_id(value: object, param: str) -> str:
         raise IdentityError(
             f"{param} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}", param
         )
+    if any("\ud800" <= ch <= "\udfff" for ch in value):
+        # How a header's bytes that are not UTF-8 arrive (decoded with surrogateescape).
+        raise IdentityError(f"{param} is not valid UTF-8", param)
     if any(not ch.isprintable() for ch in value):
         raise IdentityError(f"{param} contains a control character", param)
     return value
@@ -171,8 +183,12 @@ def validate_service(value: object, param: str) -> float:
     return service
 
 
+Header = tuple[str | bytes, str | bytes]
+"""A header's (name, value), as text (aiohttp) or as the raw bytes (ASGI)."""
+
+
 def read_identity(
-    headers: Iterable[tuple[str, str]] = (),
+    headers: Iterable[Header] = (),
     xargs: object = None,
     session_id: object = None,
     *,
@@ -182,6 +198,9 @@ def read_identity(
 
     ``headers``: the request's (name, value) pairs, names matched
     case-insensitively; the ``X-Autellix-*`` ones and ``X-Session-ID`` are read.
+    A value may be raw bytes, read as UTF-8, or text already decoded from UTF-8
+    with ``surrogateescape`` (as aiohttp does): either way, bytes that are not
+    UTF-8 make the value malformed.
     ``xargs``: the body's ``vllm_xargs`` (ignored unless a dict: a malformed
     ``vllm_xargs`` is for vLLM to reject). ``session_id``: the body's
     ``session_id``, used when ``X-Session-ID`` is absent.
@@ -226,7 +245,7 @@ def read_identity(
     )
 
 
-def _identity_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+def _identity_headers(headers: Iterable[Header]) -> dict[str, str]:
     """The identity headers among ``headers``: the ``vllm_xargs`` key (``X-Session-ID``
     for that header) -> the value without surrounding whitespace.
 
@@ -235,16 +254,22 @@ def _identity_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     empty, meaning no parent.
     """
     found: dict[str, str] = {}
-    for name, value in headers:
-        name = name.lower()
+    for raw_name, raw_value in headers:
+        name = _text(raw_name).lower()
         key = SESSION_ID_HEADER if name == SESSION_ID_HEADER.lower() else HEADER_TO_KEY.get(name)
         if key is None:
             continue
-        value = value.strip()
+        value = _text(raw_value).strip()
         if key == PARENT_THREAD_ID and not value:
             continue
         found[key] = value
     return found
+
+
+def _text(value: str | bytes) -> str:
+    """A header's name or value as text: bytes are UTF-8, those that are not kept
+    as lone surrogates (:func:`validate_id` rejects them)."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
 
 
 def _strict(validate: Callable[[object, str], T], value: object, param: str) -> T:
@@ -256,6 +281,23 @@ def _lenient(validate: Callable[[object, str], T], value: object, param: str) ->
         return validate(value, param)
     except IdentityError:
         return None
+
+
+# ---- keys -------------------------------------------------------------------------
+
+
+def holds_key(authorization: str | bytes | None, key: str) -> bool:
+    """Whether an ``Authorization`` header value carries ``key``: ``Bearer <key>``,
+    the scheme in any case, as vLLM's ``--api-key`` check reads it.
+
+    Compared in constant time, so the answer's timing tells nothing of the key.
+    """
+    if not authorization:
+        return False
+    if isinstance(authorization, str):
+        authorization = authorization.encode("utf-8", "surrogateescape")
+    scheme, _, given = authorization.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given, key.encode())
 
 
 # ---- errors -----------------------------------------------------------------------

@@ -11,6 +11,7 @@ from autellix_vllm.protocol import (
     THREAD_ID,
     CallIdentity,
     IdentityError,
+    holds_key,
     read_identity,
 )
 
@@ -111,3 +112,34 @@ def test_lenient_counts_a_malformed_value_as_missing():
 def test_as_xargs_has_the_parts_that_are_set():
     identity = CallIdentity(program_id="p", parent_thread_id="main", prior_service=0.0)
     assert identity.as_xargs() == {PROGRAM_ID: "p", PARENT_THREAD_ID: "main", PRIOR_SERVICE: 0.0}
+
+
+# ---- one encoding rule: header values are UTF-8 -------------------------------------
+
+
+def test_raw_header_bytes_and_aiohttp_text_read_the_same_id():
+    raw = "é🙂-ïd".encode()
+    as_aiohttp_decodes = raw.decode("utf-8", "surrogateescape")
+    from_engine = read_identity([(b"x-autellix-program-id", raw)])
+    from_router = read_identity([("X-Autellix-Program-Id", as_aiohttp_decodes)])
+    assert from_engine == from_router == CallIdentity(program_id="é🙂-ïd")
+
+
+@pytest.mark.parametrize("raw", ["ïd".encode("latin-1"), b"\xff\xfe", b"ok\xc3"])
+def test_header_bytes_that_are_not_utf8_are_malformed_on_both_sides(raw):
+    for headers in (
+        [(b"x-autellix-thread-id", raw)],
+        [("X-Autellix-Thread-Id", raw.decode("utf-8", "surrogateescape"))],
+    ):
+        with pytest.raises(IdentityError, match="not valid UTF-8") as info:
+            read_identity(headers)
+        assert info.value.param == "X-Autellix-Thread-Id"
+    assert read_identity([(b"x-autellix-thread-id", raw)], strict=False) == CallIdentity()
+
+
+def test_holds_key_reads_a_bearer_header_as_vllm_does():
+    assert holds_key("Bearer s3cret", "s3cret")
+    assert holds_key(b"bearer s3cret", "s3cret")
+    assert holds_key("Bearer clé", "clé")
+    for value in (None, "", "s3cret", "Bearer", "Bearer s3cre", "Bearer s3cret ", "Basic s3cret"):
+        assert not holds_key(value, "s3cret"), value

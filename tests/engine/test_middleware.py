@@ -1,6 +1,7 @@
 """The identity middleware at the ASGI level, in front of a recording app."""
 
 import json
+import logging
 
 import pytest
 from autellix_vllm.engine.middleware import IdentityMiddleware
@@ -25,12 +26,13 @@ class RecordingApp:
 
 
 async def call(app, body: bytes, headers=(), path="/v1/chat/completions", method="POST", chunks=1):
+    """``headers``: (name, value) pairs, the value text (sent as UTF-8) or raw bytes."""
     scope = {
         "type": "http",
         "method": method,
         "path": path,
         "headers": [(b"content-type", b"application/json")]
-        + [(k.encode(), v.encode()) for k, v in headers]
+        + [(k.encode(), v if isinstance(v, bytes) else v.encode()) for k, v in headers]
         + [(b"content-length", str(len(body)).encode())],
     }
     size = max(1, -(-len(body) // chunks))
@@ -59,15 +61,29 @@ def inner():
 
 
 @pytest.fixture
-def app(inner):
+def app(inner, monkeypatch):
+    """An engine without a key (a development setup)."""
+    monkeypatch.delenv("AUTELLIX_ENGINE_KEY", raising=False)
+    return IdentityMiddleware(inner)
+
+
+KEY = "engine-secret"
+AUTHORIZED = ("Authorization", f"Bearer {KEY}")
+
+
+@pytest.fixture
+def keyed_app(inner, monkeypatch):
+    """An engine started with a key."""
+    monkeypatch.setenv("AUTELLIX_ENGINE_KEY", KEY)
     return IdentityMiddleware(inner)
 
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def test_headers_are_copied_into_vllm_xargs(app, inner):
-    headers = [("X-Autellix-Program-Id", "p1"), ("X-Autellix-Prior-Service", "7")]
+async def test_headers_are_copied_into_vllm_xargs(keyed_app, inner):
+    app = keyed_app
+    headers = [("X-Autellix-Program-Id", "p1"), ("X-Autellix-Prior-Service", "7"), AUTHORIZED]
     status, _ = await call(app, json.dumps(BODY).encode(), headers, chunks=3)
     assert status == 200
     scope, body = inner.calls[0]
@@ -140,3 +156,87 @@ async def test_other_paths_and_unparsable_bodies_are_left_to_vllm(app, inner):
     assert [body for _, body in inner.calls] == [b'{"x": 1}', b"not json", b""]
     status, _ = await call(app, b"not json", header)  # a malformed header is still a 400
     assert status == 400
+
+
+# ---- the prior service: only from the key's holder ---------------------------------
+
+PRIOR = ("X-Autellix-Prior-Service", "1e300")
+BODY_WITH_PRIOR = {**BODY, "vllm_xargs": {"autellix_prior_service": 1e300, "mine": 1}}
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"],
+)
+async def test_a_keyed_engine_drops_prior_service_from_callers_without_its_key(
+    keyed_app, inner, authorization
+):
+    headers = [("X-Autellix-Program-Id", "victim"), PRIOR]
+    if authorization:
+        headers.append(("Authorization", authorization))
+    await call(keyed_app, json.dumps(BODY_WITH_PRIOR).encode(), headers)
+    forwarded = json.loads(inner.calls[0][1])
+    assert forwarded["vllm_xargs"] == {"autellix_program_id": "victim", "mine": 1}
+
+
+async def test_a_keyed_engine_takes_prior_service_from_its_key_holder(keyed_app, inner):
+    headers = [PRIOR, ("Authorization", f"bearer {KEY}")]  # the scheme in any case, as vLLM
+    await call(keyed_app, json.dumps(BODY_WITH_PRIOR).encode(), headers)
+    assert json.loads(inner.calls[0][1])["vllm_xargs"]["autellix_prior_service"] == 1e300
+
+
+async def test_an_engine_without_a_key_takes_no_prior_service_from_anyone(app, inner):
+    await call(app, json.dumps(BODY_WITH_PRIOR).encode(), [PRIOR, AUTHORIZED])
+    assert json.loads(inner.calls[0][1])["vllm_xargs"] == {"mine": 1}
+
+
+async def test_a_malformed_prior_service_is_a_400_trusted_or_not(app, inner):
+    status, content = await call(
+        app, json.dumps(BODY).encode(), [("X-Autellix-Prior-Service", "x")]
+    )
+    assert status == 400 and json.loads(content)["error"]["param"] == "X-Autellix-Prior-Service"
+
+
+async def test_prior_service_is_dropped_on_other_routes_that_take_vllm_xargs(app, inner):
+    # vLLM's Anthropic route hands vllm_xargs to the scheduler too.
+    raw = json.dumps({"model": "m", "vllm_xargs": {"autellix_prior_service": 5}}).encode()
+    await call(app, raw, path="/v1/messages")
+    untouched = b'{"model": "m",  "max_tokens": 3}'
+    await call(app, untouched, path="/v1/messages")
+    bodies = [body for _, body in inner.calls]
+    assert json.loads(bodies[0]) == {"model": "m", "vllm_xargs": {}}
+    assert bodies[1] == untouched
+
+
+# ---- one encoding rule for identity headers ----------------------------------------
+
+
+async def test_identity_headers_are_utf8_as_on_the_router(app, inner):
+    await call(app, json.dumps(BODY).encode(), [("X-Autellix-Program-Id", "é🙂-naïve")])
+    assert json.loads(inner.calls[0][1])["vllm_xargs"] == {"autellix_program_id": "é🙂-naïve"}
+
+
+async def test_a_header_that_is_not_utf8_is_a_400(app, inner):
+    latin1 = "naïve".encode("latin-1")
+    status, content = await call(
+        app, json.dumps(BODY).encode(), [("X-Autellix-Program-Id", latin1)]
+    )
+    assert status == 400
+    error = json.loads(content)["error"]
+    assert (error["param"], error["code"]) == ("X-Autellix-Program-Id", "invalid_identity")
+    assert "UTF-8" in error["message"]
+    assert inner.calls == []
+
+
+# ---- bodies that cannot be parsed ----------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+async def test_a_body_nested_too_deeply_is_one_400_and_one_log_line(app, inner, caplog, path):
+    with caplog.at_level(logging.WARNING, logger="autellix_vllm.engine.middleware"):
+        status, content = await call(app, b"[" * 100_000, path=path)
+    assert status == 400
+    error = json.loads(content)["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_json")
+    assert [record.exc_info for record in caplog.records] == [None]  # one line, no traceback
+    assert inner.calls == []

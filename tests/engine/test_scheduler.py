@@ -19,6 +19,9 @@ from autellix_vllm.engine.scheduler import ANONYMOUS_PREFIX  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 SMALL_LEVELS = {"AUTELLIX_LEVELS": "0,4,8"}
+# An engine with a key honours the prior service calls carry (its middleware
+# drops the field from callers without the key); one without ignores it.
+KEYED = {"AUTELLIX_ENGINE_KEY": "test-key"}
 
 
 def program(scheduler, program_id):
@@ -33,7 +36,7 @@ def admitted(output):
 
 
 def test_waiting_calls_are_admitted_in_order_of_program_service(harness):
-    scheduler = harness.scheduler(max_num_seqs=1, **SMALL_LEVELS)
+    scheduler = harness.scheduler(max_num_seqs=1, **SMALL_LEVELS, **KEYED)
     # Program "old" has already attained 100 tokens elsewhere; "new" has none.
     scheduler.add_request(harness.request("old-1", program="old", prior_service=100))
     scheduler.add_request(harness.request("mid-1", program="mid", prior_service=5))
@@ -105,7 +108,9 @@ def test_no_preemption_within_a_level(harness):
 
 def test_anti_starvation_promotes_a_long_waiting_call(harness):
     # beta 0.5: a call is promoted once its waiting reaches half its program's service.
-    scheduler = harness.scheduler(max_num_seqs=1, AUTELLIX_LEVELS="0,4", AUTELLIX_BETA="0.5")
+    scheduler = harness.scheduler(
+        max_num_seqs=1, AUTELLIX_LEVELS="0,4", AUTELLIX_BETA="0.5", **KEYED
+    )
     scheduler.add_request(harness.request("heavy-1", program="heavy", prior_service=20))
     # A stream of short programs would keep the seat forever without promotion.
     arrivals = iter(range(100))
@@ -205,7 +210,7 @@ def test_kv_pressure_does_not_preempt_an_equal_level_call(harness):
 
 
 def test_prior_service_is_a_floor_on_the_programs_service(harness):
-    scheduler = harness.scheduler(**SMALL_LEVELS)
+    scheduler = harness.scheduler(**SMALL_LEVELS, **KEYED)
     scheduler.add_request(harness.request("a", program="P", prior_service=6.0))
     assert scheduler.calls["a"].level == 1
     harness.run_until_idle(scheduler)
@@ -218,14 +223,34 @@ def test_prior_service_is_a_floor_on_the_programs_service(harness):
     assert program(scheduler, "P")["attained_service"] == 500.0
 
 
-def test_a_retried_call_id_is_charged_once(harness):
+def test_a_retry_of_an_aborted_call_is_charged_once(harness):
     scheduler = harness.scheduler()
     scheduler.add_request(harness.request("try-1", program="P", call_id="c1", max_tokens=6))
-    harness.run_until_idle(scheduler)
-    once = program(scheduler, "P")["attained_service"]
+    for _ in range(3):
+        harness.step(scheduler)
+    scheduler.finish_requests("try-1", RequestStatus.FINISHED_ABORTED)
+    aborted = program(scheduler, "P")["attained_service"]
+    assert aborted > 0  # the prefill and decode it got are charged
     scheduler.add_request(harness.request("try-2", program="P", call_id="c1", max_tokens=6))
     harness.run_until_idle(scheduler)
-    assert program(scheduler, "P")["attained_service"] == once
+    entry = program(scheduler, "P")
+    # The retry recomputed what the first attempt did: the id is charged once.
+    assert entry["attained_service"] == pytest.approx(6 + 7 * 0.0625)
+    assert (entry["calls_aborted"], entry["calls_completed"]) == (1, 1)
+
+
+def test_a_call_id_reused_after_completing_or_while_live_is_charged_in_full(harness):
+    scheduler = harness.scheduler()
+    one_call = 32 + 7 * 0.0625
+    for n in range(10):  # sequential reuse
+        scheduler.add_request(harness.request(f"seq-{n}", program="S", call_id="c", max_tokens=32))
+        harness.run_until_idle(scheduler)
+    assert program(scheduler, "S")["attained_service"] == pytest.approx(10 * one_call)
+    for n in range(3):  # concurrent duplicates
+        scheduler.add_request(harness.request(f"dup-{n}", program="D", call_id="c", max_tokens=32))
+    assert program(scheduler, "D")["active_calls"] == 3
+    harness.run_until_idle(scheduler)
+    assert program(scheduler, "D")["attained_service"] == pytest.approx(3 * one_call)
 
 
 def test_ended_and_idle_programs_leave_the_table(harness):
@@ -252,7 +277,7 @@ def test_time_service_unit_charges_seconds(harness):
 
 
 def test_the_policy_comes_from_autellix_policy(harness):
-    scheduler = harness.scheduler(max_num_seqs=1, AUTELLIX_POLICY="fcfs", **SMALL_LEVELS)
+    scheduler = harness.scheduler(max_num_seqs=1, AUTELLIX_POLICY="fcfs", **SMALL_LEVELS, **KEYED)
     assert scheduler.autellix_snapshot()["policy"] == "fcfs"
     # FCFS: arrival order, whatever the programs' service.
     scheduler.add_request(harness.request("old-1", program="old", prior_service=100))
@@ -282,7 +307,7 @@ def test_a_bad_variable_stops_the_scheduler_with_one_error_naming_it(
 
 
 def test_table_snapshot_shows_calls_threads_and_queue_depth(harness):
-    scheduler = harness.scheduler(max_num_seqs=1, **SMALL_LEVELS)
+    scheduler = harness.scheduler(max_num_seqs=1, **SMALL_LEVELS, **KEYED)
     scheduler.add_request(harness.request("a", program="P", thread="main", call_id="c-a"))
     scheduler.add_request(harness.request("b", program="P", thread="t1", parent="main"))
     scheduler.add_request(harness.request("c", program="Q", prior_service=9))
@@ -332,3 +357,128 @@ def test_removing_a_request_that_was_already_freed_is_harmless():
     core.finish(finished, 1.0)
     queue.remove_requests([finished.payload])
     assert len(queue) == 0 and not queue
+
+
+# ---- prior service: honoured only on an engine with a key --------------------------
+
+
+def test_an_engine_without_a_key_ignores_prior_service(harness):
+    scheduler = harness.scheduler(**SMALL_LEVELS)
+    scheduler.add_request(harness.request("v", program="victim", prior_service=1e308))
+    assert program(scheduler, "victim")["attained_service"] == 0
+    assert scheduler.calls["v"].level == 0
+    assert scheduler.autellix_snapshot()["prior_service_trusted"] is False
+
+
+def test_an_engine_with_a_key_clamps_prior_service(harness):
+    from autellix_vllm.policy import DEFAULT_LIMITS
+
+    scheduler = harness.scheduler(**KEYED)
+    scheduler.add_request(harness.request("v", program="P", prior_service=1e308))
+    assert program(scheduler, "P")["attained_service"] == DEFAULT_LIMITS.max_prior_service
+
+
+# ---- limits and failures: the engine goes on ----------------------------------------
+
+
+def test_the_issue_chain_of_1101_threads_leaves_the_engine_scheduling(harness):
+    scheduler = harness.scheduler(max_num_seqs=64, num_blocks=4000)
+    for k in range(1101):
+        parent = f"t{k - 1}" if k else None
+        scheduler.add_request(
+            harness.request(f"c{k}", program="chain", thread=f"t{k}", parent=parent, max_tokens=1)
+        )
+        harness.run_until_idle(scheduler)
+    scheduler.add_request(harness.request("join", program="chain", thread="t0", max_tokens=1))
+    assert scheduler.calls["join"].program.program_id == "chain"
+    harness.run_until_idle(scheduler)
+    snapshot = scheduler.autellix_snapshot()
+    entry = program(scheduler, "chain")
+    assert entry["calls_completed"] + snapshot["calls_over_limit"]["max_fork_depth"] == 1102
+    assert snapshot["hook_failures"] == {}
+
+
+def test_live_calls_past_the_limit_run_alone_and_are_counted(harness):
+    scheduler = harness.scheduler(AUTELLIX_MAX_LIVE_CALLS="2")
+    for n in range(3):
+        scheduler.add_request(harness.request(f"r{n}", program="P"))
+    assert scheduler.calls["r2"].program.program_id == ANONYMOUS_PREFIX + "r2"
+    assert program(scheduler, "P")["active_calls"] == 2
+    assert scheduler.autellix_snapshot()["calls_over_limit"] == {"max_live_calls": 1}
+    harness.run_until_idle(scheduler)
+    assert program(scheduler, ANONYMOUS_PREFIX + "r2") is None
+
+
+class BaseFailsFor:
+    """Wraps a policy: ``base`` raises for one program id."""
+
+    def __init__(self, policy, program_id):
+        self.policy = policy
+        self.program_id = program_id
+
+    def base(self, call):
+        if call.program.program_id == self.program_id:
+            raise RuntimeError(f"no base for {self.program_id}")
+        return self.policy.base(call)
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+
+def test_a_policy_failing_for_one_program_runs_its_calls_alone(harness, caplog):
+    import logging
+
+    scheduler = harness.scheduler(max_num_seqs=2)
+    scheduler.core.policy = BaseFailsFor(scheduler.core.policy, "doomed")
+    with caplog.at_level(logging.ERROR):
+        for n in range(5):
+            scheduler.add_request(harness.request(f"d{n}", program="doomed", max_tokens=3))
+        scheduler.add_request(harness.request("ok", program="healthy", max_tokens=3))
+        harness.run_until_idle(scheduler)
+    snapshot = scheduler.autellix_snapshot()
+    assert snapshot["hook_failures"] == {"base": 5}
+    assert snapshot["calls_finished"] == 6 and snapshot["calls_aborted"] == 0
+    assert program(scheduler, "healthy")["calls_completed"] == 1
+    assert sum("no base for doomed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_failing_step_hooks_are_counted_and_the_calls_still_complete(harness, monkeypatch):
+    from autellix_vllm.engine import _vllm_adapter as adapter
+
+    scheduler = harness.scheduler(max_num_seqs=1, **SMALL_LEVELS)
+    scheduler.add_request(harness.request("long", program="long", max_tokens=20))
+    for _ in range(10):
+        harness.step(scheduler)
+    core = scheduler.core
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken hook")
+
+    # The preemption pass (a better-level waiter arrives), charging, the clock.
+    monkeypatch.setattr(adapter, "preempt_running", broken)
+    monkeypatch.setattr(core, "charge", broken)
+    monkeypatch.setattr(core, "advance", broken)
+    scheduler.add_request(harness.request("short", program="short", max_tokens=3))
+    harness.step(scheduler)
+    monkeypatch.undo()
+    monkeypatch.setattr(core, "finish", broken)
+    harness.run_until_idle(scheduler)
+    failures = scheduler.autellix_snapshot()["hook_failures"]
+    assert set(failures) == {"preemption", "charge", "advance", "finish"}
+    assert scheduler.calls == {} and not scheduler.has_requests()
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 999
+
+
+def test_a_failing_registration_runs_the_call_alone(harness, monkeypatch):
+    from autellix_vllm.engine import _vllm_adapter as adapter
+
+    scheduler = harness.scheduler()
+
+    def broken(request):
+        raise RuntimeError("cannot read the identity")
+
+    monkeypatch.setattr(adapter, "call_identity", broken)
+    scheduler.add_request(harness.request("r", program="P", max_tokens=2))
+    assert scheduler.calls["r"].program.program_id == ANONYMOUS_PREFIX + "r"
+    harness.run_until_idle(scheduler)
+    assert scheduler.autellix_snapshot()["hook_failures"] == {"add_request": 1}

@@ -5,10 +5,11 @@ from autellix_vllm.engine.settings import (
     ENGINE_POLICY_NAMES,
     SchedulerSettings,
     SettingError,
+    engine_key,
     engine_policy,
     settings_env,
 )
-from autellix_vllm.policy import Levels, PolicyConfig
+from autellix_vllm.policy import Levels, PolicyConfig, ProgramLimits
 
 
 def test_unset_and_empty_variables_keep_the_defaults():
@@ -24,12 +25,18 @@ def test_every_variable_is_read():
             "AUTELLIX_LEVELS": "0,4,8",
             "AUTELLIX_SERVICE_UNIT": "time",
             "AUTELLIX_IDLE_TTL_S": "30",
+            "AUTELLIX_MAX_THREADS": "100",
+            "AUTELLIX_MAX_FORK_DEPTH": "8",
+            "AUTELLIX_MAX_LIVE_CALLS": "50",
+            "AUTELLIX_ENGINE_KEY": "k",
         }
     )
     assert settings.policy == "plas"
     config = settings.config
     assert (config.beta, config.levels.boundaries) == (2.5, (0.0, 4.0, 8.0))
     assert (config.meter.unit, config.idle_ttl_s) == ("time", 30.0)
+    assert config.limits == ProgramLimits(max_threads=100, max_fork_depth=8, max_live_calls=50)
+    assert settings.trust_prior_service
     core = settings.core(seats=4)
     assert core.policy.name == "plas" and core.config == config
 
@@ -46,6 +53,9 @@ def test_every_variable_is_read():
         ("AUTELLIX_LEVELS", "0;4", "comma-separated numbers"),
         ("AUTELLIX_SERVICE_UNIT", "seconds", "unknown service unit"),
         ("AUTELLIX_IDLE_TTL_S", "-1", "must be positive"),
+        ("AUTELLIX_MAX_THREADS", "0", "must be at least 1"),
+        ("AUTELLIX_MAX_FORK_DEPTH", "2.5", "not an integer"),
+        ("AUTELLIX_MAX_LIVE_CALLS", "lots", "not an integer"),
     ],
 )
 def test_a_bad_value_is_one_error_naming_the_variable(variable, value, problem):
@@ -73,3 +83,16 @@ def test_settings_env_writes_what_from_env_reads():
     assert (settings.policy, settings.config.beta) == ("atlas", 1e12)
     assert settings.config.levels == Levels.parse("0,16,64")
     assert settings_env() == {}
+
+
+def test_settings_env_carries_the_limits():
+    limits = ProgramLimits(max_threads=10, max_fork_depth=2, max_live_calls=3)
+    settings = SchedulerSettings.from_env(settings_env(limits=limits))
+    assert settings.config.limits == limits
+
+
+def test_only_an_engine_with_a_key_trusts_prior_service():
+    assert engine_key({}) is None and engine_key({"AUTELLIX_ENGINE_KEY": ""}) is None
+    assert engine_key({"AUTELLIX_ENGINE_KEY": "k"}) == "k"
+    assert not SchedulerSettings.from_env({}).trust_prior_service
+    assert SchedulerSettings.from_env({"AUTELLIX_ENGINE_KEY": "k"}).trust_prior_service

@@ -23,20 +23,56 @@ def test_unknown_parent_is_created_on_the_fly():
     assert child.parent is not None and child.parent.thread_id == "ghost"
 
 
-def test_retried_call_is_charged_once():
-    program = ProcessTable().open("p", now_s=0.0)
-    assert program.remember_completion("call-1", 10.0) == 10.0
-    assert program.remember_completion("call-1", 10.0) == 0.0  # the retry adds nothing
-    assert program.remember_completion("call-1", 14.0) == 4.0  # only what is new
+def run_call(core, call_id, program_id, service, aborted=False, **identity):
+    """A call that arrives, runs, attains ``service`` and finishes; returns the charge."""
+    call = core.add_call(call_id, program_id, now_s=0.0, **identity)
+    core.enqueue(call)
+    core.start(call)
+    core.charge(call, decode_tokens=service)
+    before = call.program.attained_service
+    core.finish(call, now_s=1.0, aborted=aborted)
+    return call.program.attained_service - before
+
+
+def test_a_retry_of_an_attempt_that_did_not_complete_is_charged_once():
+    core = ProgramScheduler(PLAS())
+    assert run_call(core, "c1", "p", 10, aborted=True) == 10  # computed work is charged
+    assert run_call(core, "c1", "p", 10, aborted=True) == 0  # the retry recomputed it
+    assert run_call(core, "c1", "p", 14) == 4  # only what is new
+    program = core.table.get("p")
+    assert (program.calls_aborted, program.calls_completed) == (2, 1)
+    assert core.counters.calls_aborted == 2 and core.counters.calls_finished == 3
+
+
+def test_a_call_id_reused_after_it_completed_is_charged_in_full():
+    core = ProgramScheduler(PLAS())
+    charges = [run_call(core, "same", "p", 32) for _ in range(10)]
+    assert charges == [32] * 10
+    assert core.table.get("p").attained_service == 320
+
+
+def test_concurrent_calls_with_one_call_id_are_each_charged_in_full():
+    core = ProgramScheduler(PLAS())
+    calls = [core.add_call("same", "p", now_s=0.0) for _ in range(3)]
+    assert [call.reuse for call in calls] == [False, True, True]
+    assert len(core.table.get("p").active_calls) == 3  # none hides another
+    for call in calls:
+        core.enqueue(call)
+        core.start(call)
+        core.charge(call, decode_tokens=32)
+    for call in calls:
+        core.finish(call, now_s=1.0)
+    assert core.table.get("p").attained_service == 96
 
 
 def test_remembered_call_ids_are_bounded():
     program = ProcessTable().open("p", now_s=0.0)
     for i in range(CHARGED_CALLS_KEPT + 1):
-        program.remember_completion(f"call-{i}", 1.0)
-    assert len(program.completed_call_service) == CHARGED_CALLS_KEPT
-    assert program.remember_completion(f"call-{CHARGED_CALLS_KEPT}", 1.0) == 0.0
-    assert program.remember_completion("call-0", 1.0) == 1.0  # the oldest was forgotten
+        program.settle(f"call-{i}", 1.0, completed=False, reuse=False)
+    assert len(program.call_records) == CHARGED_CALLS_KEPT
+    assert program.settle(f"call-{CHARGED_CALLS_KEPT}", 1.0, completed=True, reuse=False) == 0.0
+    # The oldest was forgotten: its retry is charged as a first attempt.
+    assert program.settle("call-0", 1.0, completed=True, reuse=False) == 1.0
 
 
 def test_end_waits_for_calls_in_flight():

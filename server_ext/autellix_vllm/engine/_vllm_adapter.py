@@ -63,8 +63,18 @@ def prompt_tokens(request: Request) -> int:
     return request.num_prompt_tokens
 
 
+# Finishes that are not completions: the client went away (or aborted), vLLM
+# refused the prompt, or the request failed.
+_NOT_COMPLETED = (
+    RequestStatus.FINISHED_ABORTED,
+    RequestStatus.FINISHED_IGNORED,
+    RequestStatus.FINISHED_ERROR,
+)
+
+
 def was_aborted(request: Request) -> bool:
-    return request.status == RequestStatus.FINISHED_ABORTED
+    """The request finished without completing (see ``_NOT_COMPLETED``)."""
+    return request.status in _NOT_COMPLETED
 
 
 def split_scheduled_tokens(request: Request, num_tokens: int) -> tuple[int, int]:

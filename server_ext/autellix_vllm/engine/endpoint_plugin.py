@@ -9,6 +9,9 @@ calls; see :mod:`autellix_vllm.engine.general_plugin`). Routes:
 * ``DELETE /autellix/v1/engine/programs/{program_id}``: end a program
   (404 if the engine does not know it).
 
+On an engine with a key (:func:`~autellix_vllm.engine.settings.engine_key`)
+both answer 401 to a caller without ``Authorization: Bearer <key>``.
+
 It also puts the table's counters on vLLM's Prometheus ``/metrics`` as
 ``autellix_*`` series, refreshed from the engine every ``REFRESH_INTERVAL_S``.
 (With ``--api-server-count > 1`` vLLM serves a multiprocess registry that these
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from argparse import Namespace
 from collections.abc import Iterator
 from typing import Any
@@ -31,11 +35,14 @@ from prometheus_client.registry import Collector
 
 from autellix_vllm.engine import _vllm_adapter as adapter
 from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD, TABLE_METHOD
+from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol import (
     ENGINE_PROGRAM_PATH,
     ENGINE_TABLE_PATH,
+    INVALID_KEY_CODE,
     IdentityError,
     error_body,
+    holds_key,
     validate_id,
 )
 
@@ -58,10 +65,26 @@ COUNTERS = {
         "Calls that arrived without a program id (each ran as its own program)",
     ),
 }
+# Monotonic counters of the snapshot by a label -> (metric name, help, label).
+LABELLED_COUNTERS = {
+    "calls_over_limit": (
+        "autellix_calls_over_limit",
+        "Calls that would have crossed a program limit (each ran as its own program)",
+        "limit",
+    ),
+    "hook_failures": (
+        "autellix_hook_failures",
+        "Failures of the Autellix scheduler confined to one call, by hook",
+        "hook",
+    ),
+}
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, code, param), status_code=status)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(
+        error_body(status, message, code, param), status_code=status, headers=headers
+    )
 
 
 class TableCache:
@@ -108,6 +131,11 @@ class TableCollector(Collector):
         for key, (name, help_text) in COUNTERS.items():
             if key in snapshot:
                 yield CounterMetricFamily(name, help_text, snapshot[key])
+        for key, (name, help_text, label) in LABELLED_COUNTERS.items():
+            counter = CounterMetricFamily(name, help_text, labels=[label])
+            for value, count in snapshot.get(key, {}).items():
+                counter.add_metric([value], count)
+            yield counter
 
 
 _cache = TableCache()
@@ -122,11 +150,22 @@ def register_metrics() -> None:
         REGISTRY.register(_collector)
 
 
-def build_router() -> APIRouter:
+def build_router(key: str | None = None) -> APIRouter:
+    """The routes; with ``key``, only callers sending ``Authorization: Bearer <key>``
+    reach them."""
     router = APIRouter()
+
+    def refused(request: Request) -> JSONResponse | None:
+        if key is None or holds_key(request.headers.get("authorization"), key):
+            return None
+        return error_response(
+            401, "the engine key is needed: Authorization: Bearer <key>", INVALID_KEY_CODE
+        )
 
     @router.get(ENGINE_TABLE_PATH)
     async def get_table(request: Request) -> JSONResponse:
+        if (refusal := refused(request)) is not None:
+            return refusal
         engine_client = getattr(request.app.state, "autellix_engine_client", None)
         if engine_client is None:
             return error_response(503, "no engine behind this server", NO_ENGINE)
@@ -134,6 +173,8 @@ def build_router() -> APIRouter:
 
     @router.delete(ENGINE_PROGRAM_PATH)
     async def end_program(program_id: str, request: Request) -> JSONResponse:
+        if (refusal := refused(request)) is not None:
+            return refusal
         try:
             validate_id(program_id, "program_id")
         except IdentityError as exc:
@@ -161,7 +202,7 @@ class AutellixEndpointPlugin:
         self._refresher: asyncio.Task[None] | None = None
 
     def attach_router(self, app: FastAPI) -> None:
-        app.include_router(build_router())
+        app.include_router(build_router(engine_key(os.environ)))
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         state.autellix_engine_client = engine_client

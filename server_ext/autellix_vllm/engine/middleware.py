@@ -3,14 +3,22 @@
 vLLM drops unknown headers before a request reaches the engine, but it passes
 the body's ``vllm_xargs`` through to ``Request.sampling_params.extra_args``.
 This middleware reads the call's identity exactly as the router does
-(:func:`autellix_vllm.protocol.read_identity`: the ``X-Autellix-*`` headers win
-over the body's keys) and writes it into that dict, where the scheduler finds
-it. A malformed value is answered with OpenAI's error body and status 400,
-without forwarding the request.
+(:func:`autellix_vllm.protocol.read_identity`, over the headers' raw bytes:
+the ``X-Autellix-*`` headers win over the body's keys) and writes it into that
+dict, where the scheduler finds it. A malformed value is answered with
+OpenAI's error body and status 400, without forwarding the request.
 
-Only JSON POSTs to the generation endpoints are touched; everything else, and
-any body this middleware cannot parse, passes through byte for byte so vLLM
-reports its own errors.
+The prior service states how much another engine served a program, so it
+reaches the scheduler only from a caller holding the engine key
+(:func:`~autellix_vllm.engine.settings.engine_key`, sent as
+``Authorization: Bearer <key>``); from anyone else it is dropped, from the
+headers and from the body of every JSON POST (vLLM takes ``vllm_xargs`` on more
+routes than the generation ones).
+
+Only JSON POSTs are read; everything else, and any body this middleware cannot
+parse as JSON, passes through byte for byte so vLLM reports its own errors. A
+body nested too deeply to parse is answered here (400, one log line): parsing
+it must not fail with a traceback.
 
 Usage: ``--middleware autellix_vllm.engine.middleware.IdentityMiddleware``.
 """
@@ -18,17 +26,25 @@ Usage: ``--middleware autellix_vllm.engine.middleware.IdentityMiddleware``.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol import (
     GENERATION_PATHS,
+    PRIOR_SERVICE,
     SESSION_ID_FIELD,
     XARGS_FIELD,
+    Header,
     IdentityError,
     error_body,
+    holds_key,
     read_identity,
 )
+
+logger = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -36,21 +52,39 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# The error code of a body that is not the JSON a route needs (as the router's).
+INVALID_JSON = "invalid_json"
+
+
+class BodyTooDeep(ValueError):
+    """A JSON body nested deeper than Python's parser can follow."""
+
 
 class IdentityMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.engine_key = engine_key(os.environ)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not _is_json_generation_post(scope):
+        if not _is_json_post(scope):
             await self.app(scope, receive, send)
             return
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         body = await _read_body(receive)
+        headers: list[Header] = scope["headers"]
+        trusted = self.engine_key is not None and holds_key(
+            _header(headers, b"authorization"), self.engine_key
+        )
         try:
-            new_body = rewrite_body(body, headers)
+            if scope["path"].rstrip("/") in GENERATION_PATHS:
+                new_body = rewrite_body(body, headers, trust_prior_service=trusted)
+            else:
+                new_body = body if trusted else drop_prior_service(body)
         except IdentityError as exc:
             await send_openai_error(send, 400, str(exc), exc.code, exc.param)
+            return
+        except BodyTooDeep as exc:
+            logger.warning("%s %s: 400, %s", scope["method"], scope["path"], exc)
+            await send_openai_error(send, 400, str(exc), INVALID_JSON)
             return
         if new_body is not body:
             scope = dict(scope)
@@ -60,19 +94,18 @@ class IdentityMiddleware:
         await self.app(scope, _replay(new_body, receive), send)
 
 
-def rewrite_body(body: bytes, headers: Iterable[tuple[str, str]]) -> bytes:
+def rewrite_body(body: bytes, headers: Iterable[Header], trust_prior_service: bool = True) -> bytes:
     """The body with the call's identity written into its ``vllm_xargs``.
 
-    Other ``vllm_xargs`` keys are kept. Returns ``body`` itself (the same
-    object) when nothing changes or the body is not a JSON object with a dict
-    (or absent) ``vllm_xargs``; those are left for vLLM to reject. Raises
-    :class:`IdentityError` for a malformed identity value, in the headers or
-    the body.
+    Other ``vllm_xargs`` keys are kept. Unless ``trust_prior_service``, the
+    prior service is left out, and removed from the body's ``vllm_xargs``.
+    Returns ``body`` itself (the same object) when nothing changes or the body
+    is not a JSON object with a dict (or absent) ``vllm_xargs``; those are left
+    for vLLM to reject. Raises :class:`IdentityError` for a malformed identity
+    value, in the headers or the body (the prior service too, trusted or not:
+    router and engine reject the same requests), and :class:`BodyTooDeep`.
     """
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        payload = None
+    payload = _parse(body)
     if not isinstance(payload, dict):
         read_identity(headers)  # malformed headers are rejected all the same
         return body
@@ -80,12 +113,44 @@ def rewrite_body(body: bytes, headers: Iterable[tuple[str, str]]) -> bytes:
     identity = read_identity(headers, body_xargs, payload.get(SESSION_ID_FIELD))
     if body_xargs is not None and not isinstance(body_xargs, dict):
         return body
-    body_xargs = body_xargs or {}
+    body_xargs = dict(body_xargs or {})
     identity_xargs = identity.as_xargs()
-    if all(body_xargs.get(key) == value for key, value in identity_xargs.items()):
+    if not trust_prior_service:
+        identity_xargs.pop(PRIOR_SERVICE, None)
+        body_xargs.pop(PRIOR_SERVICE, None)
+    new_xargs = {**body_xargs, **identity_xargs}
+    if new_xargs == (payload.get(XARGS_FIELD) or {}):
         return body
-    payload[XARGS_FIELD] = {**body_xargs, **identity_xargs}
-    return json.dumps(payload).encode()
+    payload[XARGS_FIELD] = new_xargs
+    return _dump(payload)
+
+
+def drop_prior_service(body: bytes) -> bytes:
+    """``body`` without ``vllm_xargs.autellix_prior_service`` (the same object if
+    it has none, or is not a JSON object)."""
+    payload = _parse(body)
+    xargs = payload.get(XARGS_FIELD) if isinstance(payload, dict) else None
+    if not isinstance(xargs, dict) or PRIOR_SERVICE not in xargs:
+        return body
+    del xargs[PRIOR_SERVICE]
+    return _dump(payload)
+
+
+def _parse(body: bytes) -> Any:
+    """The body's JSON value; None if it is not JSON (vLLM will say so)."""
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    except RecursionError:
+        raise BodyTooDeep("the body is nested too deeply") from None
+
+
+def _dump(payload: Any) -> bytes:
+    try:
+        return json.dumps(payload).encode()
+    except RecursionError:
+        raise BodyTooDeep("the body is nested too deeply") from None
 
 
 async def send_openai_error(
@@ -106,13 +171,16 @@ async def send_openai_error(
     await send({"type": "http.response.body", "body": content})
 
 
-def _is_json_generation_post(scope: Scope) -> bool:
+def _is_json_post(scope: Scope) -> bool:
     if scope["type"] != "http" or scope["method"] != "POST":
         return False
-    if scope["path"].rstrip("/") not in GENERATION_PATHS:
-        return False
-    content_type = dict(scope["headers"]).get(b"content-type", b"application/json")
+    content_type = _header(scope["headers"], b"content-type") or b"application/json"
     return content_type.split(b";")[0].strip().lower() == b"application/json"
+
+
+def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The value of header ``name`` (lower case), or None."""
+    return next((value for key, value in headers if key.lower() == name), None)
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -9,8 +9,10 @@ Every decision comes from :class:`autellix_vllm.policy.ProgramScheduler` (the
 of victims. This module only connects the core to vLLM's scheduler:
 
 * ``add_request`` registers the call with the core (identity from the body's
-  ``vllm_xargs``, else the session id; a call without either is its own
-  one-call program);
+  ``vllm_xargs``, else the session id; a call without either, or one that
+  would grow its program past the limits, is its own one-call program); the
+  call's prior service counts only on an engine with a key (see
+  :func:`~autellix_vllm.engine.settings.engine_key`);
 * vLLM's ``waiting`` queue is a :class:`ProgramRequestQueue`, a view of the
   core's wait queue, so vLLM admits calls in the core's order;
 * before each step, running calls are preempted when a better-level call waits
@@ -19,6 +21,12 @@ of victims. This module only connects the core to vLLM's scheduler:
 * after each step is scheduled, every scheduled call is charged its service;
   after it ran, the core's clock advances (anti-starvation, idle eviction);
 * ``_free_request`` (every finish: stop, length, abort) completes the call.
+
+A failure in any of these hooks stays with its call: it is counted in the
+core's ``faults`` (``hook_failures`` in the table, on ``/metrics``), the first
+of each kind is logged, and the call goes on with a safe answer (it runs alone,
+is not charged for the step, keeps vLLM's order); it never reaches vLLM's
+EngineCore, whose death would end every call on the engine.
 
 vLLM internals are reached only through :mod:`autellix_vllm.engine._vllm_adapter`.
 
@@ -45,12 +53,18 @@ from autellix_vllm.engine._vllm_adapter import (
     SchedulerOutput,
 )
 from autellix_vllm.engine.settings import SchedulerSettings
-from autellix_vllm.policy import Call, CallState, ProgramScheduler
+from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler
 
 logger = logging.getLogger(__name__)
 
-# Program id given to a call that arrives without one: it runs as its own program.
-ANONYMOUS_PREFIX = "anonymous:"
+__all__ = [
+    "ANONYMOUS_PREFIX",
+    "AutellixAsyncScheduler",
+    "AutellixScheduler",
+    "AutellixSchedulerMixin",
+    "ProgramRequestQueue",
+    "core_from_env",
+]
 
 
 def core_from_env(
@@ -137,6 +151,7 @@ class AutellixSchedulerMixin:
         settings = SchedulerSettings.from_env(os.environ)  # before vLLM builds anything
         super().__init__(*args, **kwargs)
         self.core = settings.core(seats=adapter.batch_seats(self))
+        self.trust_prior_service = settings.trust_prior_service
         self.calls: dict[str, Call] = {}  # request id -> call, while the request lives
         self.waiting = ProgramRequestQueue(self.core, self.calls)
         self.calls_without_identity = 0
@@ -154,14 +169,18 @@ class AutellixSchedulerMixin:
 
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.requests:  # not a streaming continuation
-            self._register(request)
+            try:
+                self._register(request)
+            except Exception as error:
+                self.core.faults.record("add_request", error, "the call runs alone")
+                self.calls[request.request_id] = self.core.add_call(
+                    request.request_id, None, time.time(), payload=request, alone_id=_alone(request)
+                )
         super().add_request(request)  # type: ignore[misc]
 
     def _register(self, request: Request) -> None:
         identity = adapter.call_identity(request)
-        program_id = identity.program_id
-        if program_id is None:
-            program_id = ANONYMOUS_PREFIX + request.request_id
+        if identity.program_id is None:
             if self.calls_without_identity == 0:
                 logger.warning(
                     "A call arrived without a program id (no autellix_program_id in"
@@ -169,24 +188,26 @@ class AutellixSchedulerMixin:
                     " Further ones are counted in calls_without_identity."
                 )
             self.calls_without_identity += 1
-        call = self.core.add_call(
+        prior_service = identity.prior_service if self.trust_prior_service else None
+        self.calls[request.request_id] = self.core.add_call(
             identity.call_id or request.request_id,
-            program_id,
+            identity.program_id,
             time.time(),
             thread_id=identity.thread_id,
             parent_thread_id=identity.parent_thread_id,
-            prior_service=identity.prior_service or 0.0,
+            prior_service=prior_service or 0.0,
             prompt_tokens=adapter.prompt_tokens(request),
             payload=request,
+            alone_id=_alone(request),
         )
-        if identity.program_id is None:
-            self.core.end_program(program_id)  # leaves the table when the call completes
-        self.calls[request.request_id] = call
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         call = self.calls.pop(request.request_id, None)
         if call is not None:
-            self.core.finish(call, time.time(), aborted=adapter.was_aborted(request))
+            try:
+                self.core.finish(call, time.time(), aborted=adapter.was_aborted(request))
+            except Exception as error:
+                self.core.faults.record("finish", error, "the call's program is not charged")
         return super()._free_request(request, delay_free_blocks)  # type: ignore[misc]
 
     # ---- each step ------------------------------------------------------------------
@@ -195,8 +216,13 @@ class AutellixSchedulerMixin:
         # vLLM walks `running` in order for the token budget, and its own KV-pressure
         # victim is the worst (priority, arrival): keep both in the core's order.
         # (Nearly sorted from the last step, so this is close to linear.)
-        self.running.sort(key=self._rank)
-        self._preempt_for_waiters(time.time())
+        try:
+            self.running.sort(key=self._rank)
+            self._preempt_for_waiters(time.time())
+        except Exception as error:
+            self.core.faults.record(
+                "preemption", error, "this step runs without (further) preemptions"
+            )
         return super().schedule(throttle_prefills)  # type: ignore[misc]
 
     def _rank(self, request: Request) -> tuple[float, int]:
@@ -243,16 +269,21 @@ class AutellixSchedulerMixin:
         tokens = adapter.scheduled_tokens(scheduler_output)
         by_time = self.core.meter.unit == "time"
         for request_id, num_tokens in tokens.items():
-            call = self.calls[request_id]
-            if call.state is not CallState.RUNNING:
-                self.core.start(call)
-            if not by_time:
-                decode, prefill = adapter.split_scheduled_tokens(call.payload, num_tokens)
-                self.core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
-            call.payload.priority = call.level
+            try:
+                self._start_and_charge(self.calls[request_id], num_tokens, by_time)
+            except Exception as error:
+                self.core.faults.record("charge", error, "the call is not charged for the step")
         if by_time and tokens:
             self._step_started[id(scheduler_output)] = (time.monotonic(), dict(tokens))
         super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
+
+    def _start_and_charge(self, call: Call, num_tokens: int, by_time: bool) -> None:
+        if call.state is not CallState.RUNNING:
+            self.core.start(call)
+        if not by_time:
+            decode, prefill = adapter.split_scheduled_tokens(call.payload, num_tokens)
+            self.core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
+        call.payload.priority = call.level
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
@@ -264,12 +295,19 @@ class AutellixSchedulerMixin:
             total = sum(tokens.values())
             for request_id, num_tokens in tokens.items():
                 call = self.calls.get(request_id)
-                if call is not None:
+                if call is None:
+                    continue
+                try:
                     self.core.charge(call, seconds=elapsed * num_tokens / total)
+                except Exception as error:
+                    self.core.faults.record("charge", error, "the call is not charged for the step")
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         # A step ran: the wait clock moves (starving calls are promoted, idle
         # programs are evicted).
-        self.core.advance(time.time(), steps=1.0)
+        try:
+            self.core.advance(time.time(), steps=1.0)
+        except Exception as error:
+            self.core.faults.record("advance", error, "no promotion or eviction this step")
         return outputs
 
     # ---- the table (engine-core utility methods, see engine_plugin) -----------------
@@ -283,11 +321,17 @@ class AutellixSchedulerMixin:
             scheduler=type(self).__name__,
             running=len(self.running),
             calls_without_identity=self.calls_without_identity,
+            prior_service_trusted=self.trust_prior_service,
         )
         return snapshot
 
     def autellix_end_program(self, program_id: str) -> bool:
         return self.core.end_program(program_id)
+
+
+def _alone(request: Request) -> str:
+    """The program id of ``request`` when it runs alone (unique: vLLM's request id)."""
+    return ANONYMOUS_PREFIX + request.request_id
 
 
 class AutellixScheduler(AutellixSchedulerMixin, Scheduler):

@@ -7,15 +7,19 @@ Both sides parse a value with the functions here: a value the command line
 accepts is one the scheduler accepts, and a bad one, from a flag or from the
 environment, is one error naming it before any process starts.
 
-=========================  ==================================================
-variable                   value (docs/engine.md has the defaults)
-=========================  ==================================================
-``AUTELLIX_POLICY``        a policy an engine can run (:data:`ENGINE_POLICY_NAMES`)
-``AUTELLIX_BETA``          the anti-starvation ratio, > 0
-``AUTELLIX_LEVELS``        level boundaries, e.g. ``0,128,512``
-``AUTELLIX_SERVICE_UNIT``  ``tokens`` or ``time``
-``AUTELLIX_IDLE_TTL_S``    seconds, > 0
-=========================  ==================================================
+============================  ==================================================
+variable                      value (docs/engine.md has the defaults)
+============================  ==================================================
+``AUTELLIX_POLICY``           a policy an engine can run (:data:`ENGINE_POLICY_NAMES`)
+``AUTELLIX_BETA``             the anti-starvation ratio, > 0
+``AUTELLIX_LEVELS``           level boundaries, e.g. ``0,128,512``
+``AUTELLIX_SERVICE_UNIT``     ``tokens`` or ``time``
+``AUTELLIX_IDLE_TTL_S``       seconds, > 0
+``AUTELLIX_MAX_THREADS``      threads per program, an integer >= 1
+``AUTELLIX_MAX_FORK_DEPTH``   fork depth per program, an integer >= 1
+``AUTELLIX_MAX_LIVE_CALLS``   calls in flight per program, an integer >= 1
+``AUTELLIX_ENGINE_KEY``       the engine key (:func:`engine_key`)
+============================  ==================================================
 
 An empty variable counts as unset. Importing this module imports nothing from vLLM.
 """
@@ -30,11 +34,13 @@ from autellix_vllm.policy import (
     POLICIES,
     Levels,
     PolicyConfig,
+    ProgramLimits,
     ProgramScheduler,
     ServiceMeter,
     make_policy,
 )
 from autellix_vllm.policy.config import ServiceUnit
+from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
 from autellix_vllm.registry import unknown
 
 T = TypeVar("T")
@@ -44,7 +50,19 @@ BETA = "AUTELLIX_BETA"
 LEVELS = "AUTELLIX_LEVELS"
 SERVICE_UNIT = "AUTELLIX_SERVICE_UNIT"
 IDLE_TTL_S = "AUTELLIX_IDLE_TTL_S"
-VARIABLES = (POLICY, BETA, LEVELS, SERVICE_UNIT, IDLE_TTL_S)
+MAX_THREADS = "AUTELLIX_MAX_THREADS"
+MAX_FORK_DEPTH = "AUTELLIX_MAX_FORK_DEPTH"
+MAX_LIVE_CALLS = "AUTELLIX_MAX_LIVE_CALLS"
+VARIABLES = (
+    POLICY,
+    BETA,
+    LEVELS,
+    SERVICE_UNIT,
+    IDLE_TTL_S,
+    MAX_THREADS,
+    MAX_FORK_DEPTH,
+    MAX_LIVE_CALLS,
+)
 
 DEFAULT_POLICY = "autellix"
 # Every core policy but the clairvoyant ones, which need each program's future.
@@ -78,6 +96,27 @@ def positive_number(text: str) -> float:
     return value
 
 
+def positive_integer(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {text}")
+    return value
+
+
+def engine_key(environ: Mapping[str, str]) -> str | None:
+    """The engine key (``AUTELLIX_ENGINE_KEY``), or None for an engine without one.
+
+    With a key, the engine takes a call's prior service and answers its
+    ``/autellix/v1/engine/*`` endpoints only for callers that send it as
+    ``Authorization: Bearer <key>``. Without one (a development setup), identity
+    still groups calls, but prior service from clients is ignored.
+    """
+    return environ.get(ENGINE_KEY_VARIABLE) or None
+
+
 def service_meter(unit: str) -> ServiceMeter:
     """The default meter in ``unit`` (``tokens`` or ``time``; ServiceMeter checks it)."""
     return ServiceMeter(unit=cast(ServiceUnit, unit))
@@ -89,6 +128,9 @@ class SchedulerSettings:
 
     policy: str = DEFAULT_POLICY
     config: PolicyConfig = field(default_factory=PolicyConfig)
+    # Honour the prior service calls carry: only an engine with a key, whose
+    # middleware drops the field from callers without the key.
+    trust_prior_service: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> SchedulerSettings:
@@ -105,14 +147,21 @@ class SchedulerSettings:
                 raise SettingError(f"{name}={text!r}: {exc}") from None
 
         defaults = PolicyConfig()
+        limits = ProgramLimits(
+            max_threads=read(MAX_THREADS, positive_integer, defaults.limits.max_threads),
+            max_fork_depth=read(MAX_FORK_DEPTH, positive_integer, defaults.limits.max_fork_depth),
+            max_live_calls=read(MAX_LIVE_CALLS, positive_integer, defaults.limits.max_live_calls),
+        )
         config = PolicyConfig(
             levels=read(LEVELS, Levels.parse, defaults.levels),
             meter=read(SERVICE_UNIT, service_meter, defaults.meter),
             beta=read(BETA, positive_number, defaults.beta),
             idle_ttl_s=read(IDLE_TTL_S, positive_number, defaults.idle_ttl_s),
             atlas_variant=defaults.atlas_variant,
+            limits=limits,
         )
-        return cls(read(POLICY, engine_policy, DEFAULT_POLICY), config)
+        policy = read(POLICY, engine_policy, DEFAULT_POLICY)
+        return cls(policy, config, trust_prior_service=engine_key(environ) is not None)
 
     def core(self, seats: int | None = None) -> ProgramScheduler:
         """The policy core for an engine of ``seats`` sequences."""
@@ -121,8 +170,19 @@ class SchedulerSettings:
 
 
 def settings_env(
-    policy: str | None = None, beta: float | None = None, levels: Levels | None = None
+    policy: str | None = None,
+    beta: float | None = None,
+    levels: Levels | None = None,
+    limits: ProgramLimits | None = None,
 ) -> dict[str, str]:
     """The variables that give an engine these settings; ``None`` sets nothing."""
-    values = {POLICY: policy, BETA: beta, LEVELS: levels}
+    values: dict[str, object] = {POLICY: policy, BETA: beta, LEVELS: levels}
+    if limits is not None:
+        values.update(
+            {
+                MAX_THREADS: limits.max_threads,
+                MAX_FORK_DEPTH: limits.max_fork_depth,
+                MAX_LIVE_CALLS: limits.max_live_calls,
+            }
+        )
     return {name: str(value) for name, value in values.items() if value is not None}

@@ -15,7 +15,7 @@ the scheduling math exists exactly once:
 """
 
 from .config import DEFAULT_LIMITS, Levels, PolicyConfig, ProgramLimits, ServiceMeter
-from .core import Counters, ProgramScheduler
+from .core import ANONYMOUS_PREFIX, Counters, ProgramScheduler
 from .policies import (
     ATLAS,
     FCFS,
@@ -44,6 +44,7 @@ from .routing import (
 from .table import MAIN_THREAD, Call, CallState, ProcessTable, Program, Thread
 
 __all__ = [
+    "ANONYMOUS_PREFIX",
     "ATLAS",
     "DEFAULT_LIMITS",
     "BALANCERS",

@@ -119,32 +119,6 @@ class ServiceMeter:
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
-    """Everything that parameterises a policy; shared by engine, router and simulator."""
-
-    levels: Levels = field(default_factory=Levels)
-    meter: ServiceMeter = field(default_factory=ServiceMeter)
-    # Anti-starvation: promote a waiting call to the top level once
-    # (program wait + call wait) / (program service + call service) >= beta.
-    # Waiting is counted in the same unit as service (engine steps for the token
-    # unit, since one step decodes one token per call; seconds for the time unit).
-    beta: float = 8.0
-    # Guard for the ratio's denominator: a program with no service yet.
-    min_service: float = 1.0
-    atlas_variant: AtlasVariant = "thread"
-    # Programs with no active call are dropped this long after their last activity.
-    idle_ttl_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        if self.beta <= 0:
-            raise ValueError("beta must be positive")
-        if self.atlas_variant not in ("program", "thread"):
-            raise ValueError(f"unknown ATLAS variant {self.atlas_variant!r}")
-        if self.idle_ttl_s <= 0:
-            raise ValueError("idle_ttl_s must be positive")
-
-
-@dataclass(frozen=True)
 class ProgramLimits:
     """How large one program may grow: the shape of its thread tree and its calls.
 
@@ -174,3 +148,31 @@ class ProgramLimits:
 
 
 DEFAULT_LIMITS = ProgramLimits()
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything that parameterises a policy; shared by engine, router and simulator."""
+
+    levels: Levels = field(default_factory=Levels)
+    meter: ServiceMeter = field(default_factory=ServiceMeter)
+    # Anti-starvation: promote a waiting call to the top level once
+    # (program wait + call wait) / (program service + call service) >= beta.
+    # Waiting is counted in the same unit as service (engine steps for the token
+    # unit, since one step decodes one token per call; seconds for the time unit).
+    beta: float = 8.0
+    # Guard for the ratio's denominator: a program with no service yet.
+    min_service: float = 1.0
+    atlas_variant: AtlasVariant = "thread"
+    # Programs with no active call are dropped this long after their last activity.
+    idle_ttl_s: float = 600.0
+    # How large one program may grow in the process table.
+    limits: ProgramLimits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ValueError("beta must be positive")
+        if self.atlas_variant not in ("program", "thread"):
+            raise ValueError(f"unknown ATLAS variant {self.atlas_variant!r}")
+        if self.idle_ttl_s <= 0:
+            raise ValueError("idle_ttl_s must be positive")

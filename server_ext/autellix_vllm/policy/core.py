@@ -4,6 +4,7 @@ The engine (or simulator) owns the batch; this core owns every decision about
 order. The life of a call, and the method the engine calls at each point:
 
     add_call   a call arrives: register it in the process table, give it a level
+               (or, if it cannot join its program, run it alone: see add_call)
     enqueue    it waits (on arrival, and again after a preemption)
     pop/peek   the engine admits the best waiting call into the batch
     start      it runs: its waiting stops counting
@@ -16,23 +17,34 @@ order. The life of a call, and the method the engine calls at each point:
 Waiting is measured on a *wait clock* in the unit of service: engine steps for
 the token unit (a running call decodes one token per step) and seconds for the
 time unit, so the anti-starvation ratio compares like with like.
+
+The policy is consulted only through this class, and a policy that fails for
+one call never stops the scheduler: that call gets a neutral answer (it runs
+alone, ranks by its level, preempts nothing) and the failure is counted in
+:attr:`ProgramScheduler.faults`.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .config import PolicyConfig
+from .faults import Faults
 from .policies import Policy
 from .queue import WaitQueue
 from .table import Call, CallState, ProcessTable, Program
 
 # The table is swept for idle programs at most this often (seconds).
 _EVICT_INTERVAL_S = 1.0
+
+# Program id prefix of a call that runs alone: it has no program id, or it
+# could not join its program (see ProgramScheduler.add_call).
+ANONYMOUS_PREFIX = "anonymous:"
 
 
 @dataclass
@@ -63,9 +75,10 @@ class ProgramScheduler:
         self.levels = self.config.levels
         self._last_level = len(self.levels) - 1
         self.meter = self.config.meter
-        self.table = table or ProcessTable(self.config.idle_ttl_s)
+        self.table = table or ProcessTable(self.config.idle_ttl_s, self.config.limits)
         self.waiting = WaitQueue()
         self.counters = Counters()
+        self.faults = Faults()
         self.clock = 0.0
         self._seq = itertools.count()
         self._starving: list[tuple[float, int, int, Call]] = []  # (deadline, seq, version, call)
@@ -76,41 +89,117 @@ class ProgramScheduler:
     def add_call(
         self,
         call_id: str,
-        program_id: str,
+        program_id: str | None,
         now_s: float,
         thread_id: str | None = None,
         parent_thread_id: str | None = None,
         prior_service: float = 0.0,
         prompt_tokens: int = 0,
         payload: Any = None,
+        alone_id: str | None = None,
     ) -> Call:
-        """Register a newly arrived call; it enters the level of its program's service."""
+        """Register a newly arrived call; it enters the level of its program's service.
+
+        ``prior_service`` (service the program attained elsewhere, as a router
+        reports it) raises the program's own count, up to the limits'
+        ``max_prior_service``.
+
+        A call that cannot join its program runs alone, as the one call of
+        program ``alone_id`` (default ``ANONYMOUS_PREFIX + call_id``), which
+        leaves the table when the call completes. That happens when it has no
+        program id, when it would grow its program past the table's limits
+        (counted in ``table.calls_over_limit``), or when the policy fails to
+        place it (counted in :attr:`faults`).
+        """
+        if program_id is not None:
+            limit = self.table.limit_crossed(program_id, thread_id, parent_thread_id)
+            if limit is None:
+                call = self._join(
+                    call_id, program_id, now_s, thread_id, parent_thread_id, prior_service
+                )
+                if call is not None:
+                    return self._admit(call, prompt_tokens, payload)
+            else:
+                self.table.calls_over_limit[limit] += 1
+        program = self.table.open(alone_id or ANONYMOUS_PREFIX + call_id, now_s)
+        program.ended = True  # it leaves the table with its only call
+        call = Call(call_id, program, program.thread(None), now_s)
+        base = self._base(call, "the call ranks as a new program")
+        call.base = 0.0 if base is None else base
+        return self._admit(call, prompt_tokens, payload)
+
+    def _join(
+        self,
+        call_id: str,
+        program_id: str,
+        now_s: float,
+        thread_id: str | None,
+        parent_thread_id: str | None,
+        prior_service: float,
+    ) -> Call | None:
+        """The call as part of its program; None if the policy cannot place it."""
         program = self.table.open(program_id, now_s)
         program.last_arrival_s = now_s
+        prior_service = min(prior_service, self.table.limits.max_prior_service)
         program.attained_service = max(program.attained_service, prior_service)
-        thread = program.thread(thread_id, parent_thread_id)
-        call = Call(call_id, program, thread, now_s, prompt_tokens=prompt_tokens, payload=payload)
+        call = Call(call_id, program, program.thread(thread_id, parent_thread_id), now_s)
+        call.reuse = program.is_reuse(call_id)
+        base = self._base(call, "the call runs alone")
+        if base is None:
+            return None
+        call.base = base
+        return call
+
+    def _admit(self, call: Call, prompt_tokens: int, payload: Any) -> Call:
+        """Give a placed call its level and count it in flight."""
+        call.prompt_tokens = prompt_tokens
+        call.payload = payload
         call.seq = next(self._seq)
-        call.base = self.policy.base(call)
         if self.policy.uses_levels:
             call.level = self.levels.level_of(call.base)
             call.quantum_left = self.levels.quanta[call.level]
-        program.active_calls[call_id] = call
-        thread.active_calls += 1
-        thread.calls += 1
+        call.program.active_calls[id(call)] = call
+        call.thread.active_calls += 1
+        call.thread.calls += 1
         self.counters.calls_admitted += 1
         return call
 
-    # ---- the wait queue ----------------------------------------------------------
+    # ---- the policy's answers, each failure confined to its call ----------------
+
+    def _base(self, call: Call, fallback: str) -> float | None:
+        """The policy's base for ``call`` (a number); None if it fails to give one."""
+        try:
+            base = float(self.policy.base(call))
+            if math.isnan(base):
+                raise ValueError("the base is NaN")
+            return base
+        except Exception as error:
+            self.faults.record("base", error, fallback)
+            return None
 
     def rank(self, call: Call) -> tuple[float, int]:
-        return self.policy.rank(call)
+        """The policy's rank for ``call``; if it fails, the call ranks by its level."""
+        try:
+            return self.policy.rank(call)
+        except Exception as error:
+            self.faults.record("rank", error, "the call ranks by its level")
+            return (call.level, call.seq)
+
+    def outranks(self, waiter: Call, victim: Call) -> bool:
+        """Whether ``waiter`` may preempt ``victim``; if the policy fails, it may not."""
+        try:
+            return self.policy.outranks(waiter, victim)
+        except Exception as error:
+            self.faults.record("outranks", error, "no preemption for that pair")
+            return False
+
+    # ---- the wait queue ----------------------------------------------------------
 
     def enqueue(self, call: Call) -> None:
         """The call waits: on arrival, or after a preemption."""
         call.state = CallState.WAITING
         call.wait_started = self.clock
-        self.waiting.push(call, self.policy.rank(call))
+        self.waiting.push(call, self.rank(call))
         self._watch_starvation(call)
 
     def peek(self) -> Call | None:
@@ -127,7 +216,7 @@ class ProgramScheduler:
         waiting all along, so its waiting stretch continues."""
         if call.state is not CallState.WAITING or call.queued:
             raise ValueError(f"call {call.call_id} was not popped from the wait queue")
-        self.waiting.push(call, self.policy.rank(call))
+        self.waiting.push(call, self.rank(call))
         self._watch_starvation(call)
 
     def start(self, call: Call) -> None:
@@ -163,7 +252,7 @@ class ProgramScheduler:
             call.quantum_left += self.levels.quanta[call.level]
             call.seq = next(self._seq)  # it joins the tail of its new level
             self.counters.demotions += 1
-            self.waiting.rerank(call, self.policy.rank(call))
+            self.waiting.rerank(call, self.rank(call))
 
     def next_demotion(self, call: Call) -> float:
         """Service ``call`` can still attain before its next demotion (inf if none)."""
@@ -171,12 +260,9 @@ class ProgramScheduler:
             return float("inf")
         return max(call.quantum_left, 0.0)
 
-    def outranks(self, waiter: Call, victim: Call) -> bool:
-        return self.policy.outranks(waiter, victim)
-
     def worst(self, running: Iterable[Call]) -> Call:
         """The running call to preempt first: the worst rank."""
-        return max(running, key=self.policy.rank)
+        return max(running, key=self.rank)
 
     def victims(self, running: Sequence[Call], free_seats: int) -> list[Call]:
         """Running calls that better waiting calls should displace from a full batch.
@@ -192,15 +278,15 @@ class ProgramScheduler:
         if len(waiters) <= free_seats:
             return []
         worst = self.worst(running)
-        if not self.policy.outranks(waiters[free_seats], worst):
+        if not self.outranks(waiters[free_seats], worst):
             return []
         # At least one preemption: pair the waiters, best first, with the running
         # calls, worst first, while the waiter is better.
-        by_badness = sorted(running, key=self.policy.rank, reverse=True)
+        by_badness = sorted(running, key=self.rank, reverse=True)
         waiters = self.waiting.best(free_seats + len(by_badness))[free_seats:]
         chosen = []
         for waiter, victim in zip(waiters, by_badness, strict=False):
-            if not self.policy.outranks(waiter, victim):
+            if not self.outranks(waiter, victim):
                 break
             chosen.append(victim)
         return chosen
@@ -214,7 +300,8 @@ class ProgramScheduler:
     # ---- completion ---------------------------------------------------------------
 
     def finish(self, call: Call, now_s: float, aborted: bool = False) -> None:
-        """A call completed (or was aborted): fold its service into its program."""
+        """A call completed, or was aborted: its program is charged the service it
+        attained either way (an abort's computed prefill and decode are real work)."""
         if call.state is CallState.FINISHED:
             return
         if call.state is CallState.WAITING:
@@ -222,19 +309,23 @@ class ProgramScheduler:
             self._stop_waiting(call)
         call.state = CallState.FINISHED
         program = call.program
-        charged = program.remember_completion(call.call_id, call.service)
+        charged = program.settle(call.call_id, call.service, not aborted, call.reuse)
         program.attained_service += charged
         program.wait += call.total_wait
         program.last_completion_s = now_s
-        program.calls_completed += 1
-        self.table.touch(program)
-        self.policy.complete(call, charged)
-        if program.active_calls.get(call.call_id) is call:
-            del program.active_calls[call.call_id]
-        call.thread.active_calls -= 1
-        self.counters.calls_finished += 1
         if aborted:
+            program.calls_aborted += 1
             self.counters.calls_aborted += 1
+        else:
+            program.calls_completed += 1
+        self.counters.calls_finished += 1
+        program.active_calls.pop(id(call), None)
+        call.thread.active_calls -= 1
+        self.table.touch(program)
+        try:
+            self.policy.complete(call, charged)
+        except Exception as error:
+            self.faults.record("complete", error, "the program's critical path is not updated")
         self._after_progress(program)
         self.table.release_if_done(program)
 
@@ -311,7 +402,7 @@ class ProgramScheduler:
         call.starve_service = 0.0
         call.promotions += 1
         self.counters.promotions += 1
-        self.waiting.rerank(call, self.policy.rank(call))
+        self.waiting.rerank(call, self.rank(call))
 
     def _stop_waiting(self, call: Call) -> None:
         if call.wait_started is not None:
@@ -325,7 +416,7 @@ class ProgramScheduler:
         for sibling in program.active_calls.values():
             if sibling.queued:
                 if self.policy.rerank_on_progress(program):
-                    self.waiting.rerank(sibling, self.policy.rank(sibling))
+                    self.waiting.rerank(sibling, self.rank(sibling))
                 # The program's wait grew, so a sibling may starve sooner.
                 self._watch_starvation(sibling)
 
@@ -352,6 +443,7 @@ class ProgramScheduler:
                     "threads": len(program.threads),
                     "active_calls": len(active),
                     "calls_completed": program.calls_completed,
+                    "calls_aborted": program.calls_aborted,
                     "attained_service": program.attained_service,
                     "critical_path": program.critical_path,
                     "waiting_time": program.wait + sum(self.wait_of(c) for c in active),
@@ -384,4 +476,6 @@ class ProgramScheduler:
             "queue_depth": depth,
             "waiting": len(self.waiting),
             **vars(self.counters),
+            "calls_over_limit": dict(self.table.calls_over_limit),
+            "hook_failures": dict(self.faults.counts),
         }

@@ -3,16 +3,22 @@
 An entry is created by a program's first call (or explicitly, by the router's
 session API) and removed when the program is ended or has been idle for
 ``idle_ttl_s``. Everything the policies need about a program's past lives here.
+
+A program's shape comes from its client, so it is bounded by
+:class:`~autellix_vllm.policy.config.ProgramLimits` (:meth:`ProcessTable.limit_crossed`),
+and every walk over its threads keeps its own stack instead of recursing.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
+from .config import DEFAULT_LIMITS, ProgramLimits
 
 MAIN_THREAD = "main"
 
@@ -35,14 +41,33 @@ class Thread:
     critical_path: float = 0.0
     active_calls: int = 0
     calls: int = 0
+    # Forks between the program's root thread and this one (the root is depth 0).
+    depth: int = 0
 
     def joined_critical_path(self) -> float:
-        """Critical path including every finished descendant (a join waits for them)."""
+        """Critical path including every finished descendant (a join waits for them).
+
+        A descendant counts when neither it nor a thread between it and this one
+        has a call in flight. The walk keeps its own stack: a client decides how
+        deep a thread tree grows, so the walk must not use Python's call stack.
+        """
         best = self.critical_path
-        for child in self.children:
-            if child.active_calls == 0:
-                best = max(best, child.joined_critical_path())
+        pending = [child for child in self.children if child.active_calls == 0]
+        while pending:
+            thread = pending.pop()
+            best = max(best, thread.critical_path)
+            pending.extend(child for child in thread.children if child.active_calls == 0)
         return best
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """What a program remembers of the attempts made under one call id."""
+
+    # Service charged for the attempts that were not reuses (the first and its retries).
+    service: float = 0.0
+    # Some attempt under this id completed: a later call with the id is a reuse.
+    completed: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -54,19 +79,21 @@ class Program:
     created_s: float = 0.0
     last_arrival_s: float = 0.0
     last_completion_s: float | None = None
-    # Total work of its completed calls (raised to any prior service a router reports).
+    # Total work of its finished calls (raised to any prior service a router reports).
     attained_service: float = 0.0
     # Longest observed critical path (ATLAS's program scalar).
     critical_path: float = 0.0
-    # Waiting of its completed calls, in the wait clock's unit.
+    # Waiting of its finished calls, in the wait clock's unit.
     wait: float = 0.0
     threads: dict[str, Thread] = field(default_factory=dict)
-    active_calls: dict[str, Call] = field(default_factory=dict)
+    # Calls in flight, in arrival order, keyed by id(call): call ids may repeat.
+    active_calls: dict[int, Call] = field(default_factory=dict)
     calls_completed: int = 0
+    calls_aborted: int = 0
     engine: str | None = None
     ended: bool = False
-    # Service charged per completed call id (the newest CHARGED_CALLS_KEPT ids).
-    completed_call_service: RecentMap[float] = field(
+    # The attempts under each call id (the newest CHARGED_CALLS_KEPT ids).
+    call_records: RecentMap[CallRecord] = field(
         default_factory=lambda: RecentMap(CHARGED_CALLS_KEPT)
     )
 
@@ -85,26 +112,83 @@ class Program:
     def thread(self, thread_id: str | None, parent_thread_id: str | None = None) -> Thread:
         """The thread ``thread_id``, created (as a child of its parent) on first use."""
         tid = thread_id or MAIN_THREAD
-        found = self.threads.get(tid)
-        if found is not None:
-            return found
-        parent = None
-        if parent_thread_id and parent_thread_id != tid:
-            parent = self.thread(parent_thread_id)
-        elif tid != MAIN_THREAD and MAIN_THREAD in self.threads:
-            parent = self.threads[MAIN_THREAD]
-        created = Thread(tid, parent=parent)
-        if parent is not None:
-            parent.children.append(created)
-            created.critical_path = parent.critical_path  # a fork starts at its parent's path
-        self.threads[tid] = created
-        return created
+        for new_id, parent_id in self._new_threads(tid, parent_thread_id):
+            parent = self.threads[parent_id] if parent_id is not None else None
+            created = Thread(new_id, parent=parent)
+            if parent is not None:
+                parent.children.append(created)
+                created.critical_path = parent.critical_path  # a fork starts at its parent's path
+                created.depth = parent.depth + 1
+            self.threads[new_id] = created
+        return self.threads[tid]
 
-    def remember_completion(self, call_id: str, service: float) -> float:
-        """Record a completed call; return the service not yet charged for its id."""
-        already = self.completed_call_service.get(call_id, 0.0)
-        self.completed_call_service.put(call_id, max(already, service))
-        return max(0.0, service - already)
+    def limit_crossed(
+        self, limits: ProgramLimits, thread_id: str | None, parent_thread_id: str | None
+    ) -> str | None:
+        """The limit (a :class:`ProgramLimits` field) a new call on ``thread_id`` would
+        cross, or None if it may join the program."""
+        if len(self.active_calls) >= limits.max_live_calls:
+            return "max_live_calls"
+        new_threads = self._new_threads(thread_id or MAIN_THREAD, parent_thread_id)
+        if len(self.threads) + len(new_threads) > limits.max_threads:
+            return "max_threads"
+        depth = 0  # of the last thread to create: the call's own, the deepest
+        for _, parent_id in new_threads:
+            if parent_id is None:
+                depth = 0
+            elif parent_id in self.threads:
+                depth = self.threads[parent_id].depth + 1
+            else:  # the parent is the thread created just before
+                depth += 1
+        if depth > limits.max_fork_depth:
+            return "max_fork_depth"
+        return None
+
+    def _new_threads(self, tid: str, parent_thread_id: str | None) -> list[tuple[str, str | None]]:
+        """The threads a call on ``tid`` creates, in order, each with its parent's id.
+
+        A new thread's parent is the one named, else the main thread (when there is
+        one). A parent named before it ran a call of its own is created first, as
+        a fork of the main thread.
+        """
+        if tid in self.threads:
+            return []
+        parent_id = self._parent_of_new(tid, parent_thread_id)
+        if parent_id is None or parent_id in self.threads:
+            return [(tid, parent_id)]
+        return [(parent_id, self._parent_of_new(parent_id, None)), (tid, parent_id)]
+
+    def _parent_of_new(self, tid: str, parent_thread_id: str | None) -> str | None:
+        if parent_thread_id and parent_thread_id != tid:
+            return parent_thread_id
+        if tid != MAIN_THREAD and MAIN_THREAD in self.threads:
+            return MAIN_THREAD
+        return None
+
+    def is_reuse(self, call_id: str) -> bool:
+        """Whether a new call under ``call_id`` repeats a call rather than retrying one:
+        an attempt under the id completed, or one is in flight now."""
+        record = self.call_records.get(call_id, None)
+        if record is not None and record.completed:
+            return True
+        return any(call.call_id == call_id for call in self.active_calls.values())
+
+    def settle(self, call_id: str, service: float, completed: bool, reuse: bool) -> float:
+        """Record a finished attempt under ``call_id``; return the service to charge.
+
+        A retry of attempts that did not complete recomputes their work, so it is
+        charged only what it attained beyond them: the id is charged once. A first
+        attempt, or a reuse (see :meth:`is_reuse`), is charged in full.
+        """
+        record = self.call_records.get(call_id, None) or CallRecord()
+        if reuse:
+            charged = service
+        else:
+            charged = max(0.0, service - record.service)
+            record.service = max(record.service, service)
+        record.completed = record.completed or completed
+        self.call_records.put(call_id, record)
+        return charged
 
 
 @dataclass(eq=False, slots=True)
@@ -133,6 +217,8 @@ class Call:
     total_wait: float = 0.0
     preemptions: int = 0
     promotions: int = 0
+    # Its call id was completed or in flight when it arrived: charged in full.
+    reuse: bool = False
     # The engine's own object for this call (a vLLM Request, a simulator job).
     payload: Any = None
     # Bookkeeping of the wait queue (see queue.WaitQueue).
@@ -141,10 +227,13 @@ class Call:
 
 
 class ProcessTable:
-    """All known programs, bounded by an idle time-to-live."""
+    """All known programs, bounded by an idle time-to-live and by :class:`ProgramLimits`."""
 
-    def __init__(self, idle_ttl_s: float = 600.0) -> None:
+    def __init__(self, idle_ttl_s: float = 600.0, limits: ProgramLimits = DEFAULT_LIMITS) -> None:
         self._programs: IdleTable[Program] = IdleTable(idle_ttl_s)
+        self.limits = limits
+        # Calls that did not join their program, by the limit they would have crossed.
+        self.calls_over_limit: Counter[str] = Counter()
 
     @property
     def idle_ttl_s(self) -> float:
@@ -173,6 +262,13 @@ class ProcessTable:
             if name and not program.name:
                 program.name = name
         return program
+
+    def limit_crossed(
+        self, program_id: str, thread_id: str | None, parent_thread_id: str | None
+    ) -> str | None:
+        """The limit a new call of ``program_id`` on ``thread_id`` would cross, or None."""
+        program = self._programs.get(program_id) or Program(program_id)
+        return program.limit_crossed(self.limits, thread_id, parent_thread_id)
 
     def touch(self, program: Program) -> None:
         """The program did something (a call completed): it is the most recently active."""
