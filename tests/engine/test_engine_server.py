@@ -2,6 +2,7 @@
 
 import asyncio
 import uuid
+from urllib.parse import quote
 
 import aiohttp
 import openai
@@ -169,3 +170,109 @@ async def test_table_counters_are_on_prometheus_metrics(engine, client):
     assert values and values[0] >= finished
     assert 'autellix_queue_depth{level="0"}' in text
     assert "autellix_preemptions_total" in text
+
+
+# ---- an engine without a key: identity groups calls, prior service is ignored ------
+
+
+async def post_chat(engine, headers=None, body=None, **extra):
+    """POST a chat completion; returns (status, JSON answer)."""
+    payload = body or {
+        "model": engine.served_model_name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        **extra,
+    }
+    url = engine.base_url + "/v1/chat/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, json=payload, headers=headers) as r:
+        return r.status, await r.json()
+
+
+async def test_a_forged_prior_service_does_not_move_a_victim(engine, client):
+    victim = unique("victim")
+    await run_program(client, engine.served_model_name, victim, ["main"], 1, max_tokens=4)
+    before = find(await get_table(engine), victim)["attained_service"]
+    forged = {"X-Autellix-Program-Id": victim, "X-Autellix-Prior-Service": "1e308"}
+    status, _ = await post_chat(engine, forged, vllm_xargs={"autellix_prior_service": 1e300})
+    assert status == 200
+    table = await get_table(engine)
+    assert table["prior_service_trusted"] is False
+    # Only the forged call's own few tokens were added.
+    assert before < find(table, victim)["attained_service"] < before + 10
+
+
+async def test_a_utf8_program_id_is_stored_as_sent_and_ends_by_that_id(engine):
+    pid = unique("ï-é🙂")
+    status, _ = await post_chat(engine, {"X-Autellix-Program-Id": pid})
+    assert status == 200
+    assert find(await get_table(engine), pid) is not None
+    url = f"{engine.base_url}/autellix/v1/engine/programs/{quote(pid)}"
+    async with aiohttp.ClientSession() as http, http.delete(url) as response:
+        assert response.status == 200 and (await response.json())["program_id"] == pid
+    assert find(await get_table(engine), pid) is None
+
+
+async def test_a_body_nested_too_deeply_is_a_json_400(engine):
+    url = engine.base_url + "/v1/chat/completions"
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, data=b"[" * 100_000, headers=headers) as response:
+            assert response.status == 400
+            error = (await response.json())["error"]
+            assert error["code"] == "invalid_json"
+        async with http.get(engine.base_url + "/health") as response:
+            assert response.status == 200
+
+
+async def test_a_dropped_stream_is_charged_what_it_computed_and_counted_aborted(engine):
+    pid = unique("dropped")
+    payload = {
+        "model": engine.served_model_name,
+        "prompt": "tell me everything",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    headers = {"X-Autellix-Program-Id": pid}
+    url = engine.base_url + "/v1/completions"
+    async with aiohttp.ClientSession() as http, http.post(url, json=payload, headers=headers) as r:
+        assert r.status == 200
+        chunks = 0
+        async for _ in r.content:
+            chunks += 1
+            if chunks >= 6:
+                break  # the client goes away mid-stream
+    for _ in range(100):
+        entry = find(await get_table(engine), pid)
+        if entry is not None and entry["active_calls"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert (entry["calls_aborted"], entry["calls_completed"]) == (1, 0)
+    assert entry["attained_service"] > 2  # its prefill and the tokens decoded so far
+
+
+async def test_the_issue_chain_of_1101_threads_leaves_the_engine_up(engine):
+    pid = unique("chain")
+    url = engine.base_url + "/v1/completions"
+
+    async def call(http, thread, parent):
+        headers = {"X-Autellix-Program-Id": pid, "X-Autellix-Thread-Id": thread}
+        if parent:
+            headers["X-Autellix-Parent-Thread-Id"] = parent
+        body = {"model": engine.served_model_name, "prompt": "x", "max_tokens": 1}
+        async with http.post(url, json=body, headers=headers) as response:
+            assert response.status == 200, await response.text()
+
+    before = await get_table(engine)
+    async with aiohttp.ClientSession() as http:
+        for k in range(1101):
+            await call(http, f"t{k}", f"t{k - 1}" if k else None)
+        await call(http, "t0", None)  # the call whose join walked the whole chain
+        async with http.get(engine.base_url + "/health") as response:
+            assert response.status == 200
+    table = await get_table(engine)
+    over_limit = table["calls_over_limit"].get("max_fork_depth", 0)
+    over_limit -= before.get("calls_over_limit", {}).get("max_fork_depth", 0)
+    assert find(table, pid)["calls_completed"] + over_limit == 1102
+    assert over_limit == 1100 // 65
+    assert table["hook_failures"] == {}
