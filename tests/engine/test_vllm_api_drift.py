@@ -112,7 +112,10 @@ def test_request_constructor_and_fields():
         "def num_tokens_with_spec(",
     ):
         assert attribute in source, attribute
-    assert RequestStatus.FINISHED_ABORTED.name == "FINISHED_ABORTED"
+    # The finishes that are not completions (adapter.was_aborted).
+    for status in ("FINISHED_ABORTED", "FINISHED_IGNORED", "FINISHED_ERROR"):
+        assert RequestStatus[status].name == status
+        assert RequestStatus.is_finished(RequestStatus[status])
 
 
 def test_scheduler_output_has_per_request_token_counts():
