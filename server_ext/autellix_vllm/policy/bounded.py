@@ -18,8 +18,9 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
-# Completed call ids a program remembers, so that a call retried after it was
-# answered (same call id) is charged once rather than twice.
+# Call ids a program remembers, so that a retry of an attempt that did not
+# complete (same call id) is charged once, and a reuse of a completed id is
+# told from a retry.
 CHARGED_CALLS_KEPT = 256
 
 
