@@ -25,10 +25,21 @@ class RunningRouter:
 
 
 @contextlib.asynccontextmanager
-async def running_router(upstreams: list[str], **options: Any) -> AsyncIterator[RunningRouter]:
+async def running_router(upstreams: list[Any], **options: Any) -> AsyncIterator[RunningRouter]:
     """A router over ``upstreams`` (RouterConfig ``options``), served as in production
-    (``router_runner``), on 127.0.0.1 and a free port."""
-    app = create_app(RouterConfig(upstreams=tuple(upstreams), **options))
+    (``router_runner``), on 127.0.0.1 and a free port.
+
+    An upstream is a URL, or an engine (``tests/conftest.py``'s): its URL, and its
+    key as the router's engine key.
+    """
+    urls = []
+    for upstream in upstreams:
+        if isinstance(upstream, str):
+            urls.append(upstream)
+        else:
+            urls.append(upstream.base_url)
+            options.setdefault("engine_key", upstream.config.api_key)
+    app = create_app(RouterConfig(upstreams=tuple(urls), **options))
     runner = router_runner(app)
     await runner.setup()
     try:

@@ -24,6 +24,19 @@ async def request(method: str, url: str, **kwargs) -> tuple[int, object]:
             return answer.status, text
 
 
+async def engine_request(engine, method: str, path: str, **kwargs) -> tuple[int, object]:
+    """A request straight to an engine of tests/conftest.py, with its key if it has one."""
+    key = engine.config.api_key
+    headers = {**kwargs.pop("headers", {}), **({"Authorization": f"Bearer {key}"} if key else {})}
+    return await request(method, engine.base_url + path, headers=headers, **kwargs)
+
+
+async def engine_table(engine) -> dict:
+    status, table = await engine_request(engine, "GET", "/autellix/v1/engine/table")
+    assert status == 200, table
+    return table
+
+
 def completion(model: str, prompt: str = "hello", max_tokens: int = 4, **extra) -> dict:
     return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
             **extra}  # fmt: skip

@@ -15,6 +15,8 @@ from router_http import (
     PROGRAMS,
     assert_openai_error,
     completion,
+    engine_request,
+    engine_table,
     program_row,
     request,
     unique,
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.engine
 
 async def test_session_api_opens_lists_and_ends_programs(engine, start_router):
     model = engine.served_model_name
-    async with start_router([engine.base_url]) as router:
+    async with start_router([engine]) as router:
         url = router.url
         status, opened = await request("POST", url + PROGRAMS, json={"name": "demo"})
         assert status == 200 and opened["name"] == "demo"
@@ -46,12 +48,12 @@ async def test_session_api_opens_lists_and_ends_programs(engine, start_router):
         assert row["last_arrival_s"] <= row["last_completion_s"]
         assert {"waiting_time", "age_s", "engine", "rebinds"} <= set(row)
 
-        engine_table = (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
-        assert program_row(engine_table, program_id) is not None
+        on_engine = await engine_table(engine)
+        assert program_row(on_engine, program_id) is not None
         status, ended = await request("DELETE", f"{url}{PROGRAMS}/{program_id}")
         assert status == 200 and ended == {"program_id": program_id, "ended": True}
-        engine_table = (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
-        assert program_row(engine_table, program_id) is None  # ended on the engine too
+        on_engine = await engine_table(engine)
+        assert program_row(on_engine, program_id) is None  # ended on the engine too
         assert program_row((await request("GET", url + PROGRAMS))[1], program_id) is None
 
         status, body = await request(
@@ -77,7 +79,7 @@ async def test_the_program_service_summed_by_the_router_reaches_the_engine(engin
     model = engine.served_model_name
     program_id = unique("prior")
     headers = {"X-Autellix-Program-Id": program_id}
-    async with start_router([engine.base_url]) as router:
+    async with start_router([engine]) as router:
         url = router.url
         for _ in range(2):
             status, _ = await request(
@@ -89,8 +91,8 @@ async def test_the_program_service_summed_by_the_router_reaches_the_engine(engin
             "service"
         ]
         # The engine forgets the program (as if its calls had run elsewhere) ...
-        status, _ = await request(
-            "DELETE", f"{engine.base_url}/autellix/v1/engine/programs/{program_id}"
+        status, _ = await engine_request(
+            engine, "DELETE", f"/autellix/v1/engine/programs/{program_id}"
         )
         assert status == 200
         # ... and learns its service again from the router's X-Autellix-Prior-Service.
@@ -99,15 +101,15 @@ async def test_the_program_service_summed_by_the_router_reaches_the_engine(engin
             headers=headers,
         )  # fmt: skip
         assert status == 200
-        engine_table = (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
-        assert program_row(engine_table, program_id)["attained_service"] >= router_service + 8
+        on_engine = await engine_table(engine)
+        assert program_row(on_engine, program_id)["attained_service"] >= router_service + 8
 
 
 async def test_bad_input_gets_openai_errors_and_the_router_keeps_serving(engine, start_router):
     model = engine.served_model_name
     url_path = "/v1/chat/completions"
     good = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    async with start_router([engine.base_url], max_body_bytes=4096) as router:
+    async with start_router([engine], max_body_bytes=4096) as router:
         url = router.url
         post = url + url_path
         checks = [
@@ -144,7 +146,7 @@ async def test_bad_input_gets_openai_errors_and_the_router_keeps_serving(engine,
 
 async def test_with_an_api_key_every_route_needs_it(engine, start_router):
     key = "sk-test-" + uuid.uuid4().hex
-    async with start_router([engine.base_url], api_key=key) as router:
+    async with start_router([engine], api_key=key) as router:
         url = router.url
         routes = [
             ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
@@ -169,7 +171,7 @@ async def test_with_an_api_key_every_route_needs_it(engine, start_router):
 async def test_streams_pass_through_chunk_by_chunk_and_are_charged(engine, start_router):
     model = engine.served_model_name
     async with (
-        start_router([engine.base_url]) as router,
+        start_router([engine]) as router,
         openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="-", max_retries=0) as client,
     ):
         url = router.url
@@ -193,10 +195,6 @@ async def test_streams_pass_through_chunk_by_chunk_and_are_charged(engine, start
             assert row["calls_completed"] == 1 and row["service"] >= 12
 
 
-async def engine_counters(engine) -> dict:
-    return (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
-
-
 async def wait_for(predicate, timeout_s: float = 20.0, poll_s: float = 0.2) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not await predicate():
@@ -209,8 +207,8 @@ async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_ro
     model = engine.served_model_name
     program_id = unique("gone")
     body = completion(model, max_tokens=480, stream=stream)
-    before = (await engine_counters(engine))["calls_aborted"]
-    async with start_router([engine.base_url]) as router:
+    before = (await engine_table(engine))["calls_aborted"]
+    async with start_router([engine]) as router:
         url = router.url
         async with aiohttp.ClientSession() as http:
 
@@ -230,7 +228,7 @@ async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_ro
                     task = asyncio.ensure_future(call())
 
                     async def running_or_done(task=task) -> bool:
-                        row = program_row(await engine_counters(engine), program_id)
+                        row = program_row(await engine_table(engine), program_id)
                         return task.done() or (row is not None and row["active_calls"] == 1)
 
                     await wait_for(running_or_done, poll_s=0.02)
@@ -242,7 +240,7 @@ async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_ro
                 task.cancel()
 
         async def aborted() -> bool:
-            table = await engine_counters(engine)
+            table = await engine_table(engine)
             row = program_row(table, program_id)
             return table["calls_aborted"] > before and (row is None or row["active_calls"] == 0)
 
@@ -251,7 +249,7 @@ async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_ro
 
 async def test_the_sdk_opens_and_ends_its_program_on_the_router(engine, start_router):
     async with (
-        start_router([engine.base_url]) as router,
+        start_router([engine]) as router,
         autellix.AsyncOpenAI(base_url=router.url + "/v1", api_key="-") as client,
     ):
         url = router.url
@@ -268,7 +266,7 @@ async def test_the_sdk_opens_and_ends_its_program_on_the_router(engine, start_ro
 
 async def test_metrics_and_a_dead_upstream(engine, start_router):
     dead = f"http://127.0.0.1:{free_port()}"
-    async with start_router([engine.base_url, dead], balancer="round-robin") as router:
+    async with start_router([engine, dead], balancer="round-robin") as router:
         url = router.url
         status, health = await request("GET", url + "/health")
         assert status == 200 and health == {"healthy_engines": ["engine-0"]}
@@ -297,7 +295,7 @@ async def test_calls_an_engine_drops_before_answering_are_retried_on_another(eng
     crash, before any probe noticed): every call routed there is retried on engine-1."""
     dead = f"http://127.0.0.1:{free_port()}"
     model = engine.served_model_name
-    async with start_router([dead, engine.base_url], balancer="round-robin") as router:
+    async with start_router([dead, engine], balancer="round-robin") as router:
         pool = router.state.pool
         crashed = pool.engines[0]
         async with openai.AsyncOpenAI(
@@ -328,8 +326,8 @@ async def test_calls_an_engine_drops_before_answering_are_retried_on_another(eng
 
 async def test_responses_pass_through_like_the_engine_answers_them(engine, start_router):
     body = {"model": engine.served_model_name, "input": "hello", "max_output_tokens": 4}
-    direct_status, direct = await request("POST", engine.base_url + "/v1/responses", json=body)
-    async with start_router([engine.base_url]) as router:
+    direct_status, direct = await engine_request(engine, "POST", "/v1/responses", json=body)
+    async with start_router([engine]) as router:
         status, routed = await request(
             "POST", router.url + "/v1/responses", json=body,
             headers={"X-Autellix-Program-Id": "responses-demo"},

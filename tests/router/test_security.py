@@ -5,8 +5,9 @@ Malformed HTTP and JSON, forged scheduling fields, owners and keys, call-id
 reuse, program limits, a flood of programs, a stream the client drops, a
 reset engine connection. Tests that need an engine's answers use the shared
 real engine (``engine`` marker, tests/conftest.py); a fake engine stands in
-only to inject a fault (a reset connection) or to record what the router
-sends (the engine key), which a real engine does not show.
+only to inject a fault (a reset connection, an engine that holds its calls)
+or to record what the router sends (the engine key), which a real engine
+does not show.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from autellix_vllm.cli.ps import format_table
 from autellix_vllm.policy.config import ProgramLimits, ServiceMeter
 from autellix_vllm.router import RouterConfig
 from autellix_vllm.router.keys import load_api_keys
-from router_http import PROGRAMS, assert_openai_error, completion, program_row, request, unique
+from router_http import (
+    PROGRAMS,
+    assert_openai_error,
+    completion,
+    engine_table,
+    program_row,
+    request,
+    unique,
+)
 
 MODEL = "fake-model"
 USAGE = {"prompt_tokens": 16, "completion_tokens": 2, "total_tokens": 18}
@@ -44,6 +53,16 @@ def dead_upstream() -> str:
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+async def while_running(condition: Callable[[], bool], calls: list[asyncio.Future]) -> None:
+    """Wait until ``condition()`` holds while ``calls`` are still running."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        finished = [call.result() for call in calls if call.done()]
+        assert not finished, f"a call ended before the condition held: {finished}"
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
 
 
 def no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
@@ -394,7 +413,7 @@ async def test_a_flood_of_programs_is_capped_and_paged_without_stalling_the_rout
 async def test_a_forged_prior_service_never_reaches_the_engine(engine, start_router):
     model = engine.served_model_name
     program_id = unique("forged")
-    async with start_router([engine.base_url]) as router:
+    async with start_router([engine]) as router:
         headers = {"X-Autellix-Program-Id": program_id, "X-Autellix-Prior-Service": "1e300"}
         body = completion(model, vllm_xargs={"autellix_prior_service": 1e300})
         for _ in range(2):
@@ -403,8 +422,8 @@ async def test_a_forged_prior_service_never_reaches_the_engine(engine, start_rou
             )
             assert status == 200, answer
         row = program_row((await request("GET", router.url + PROGRAMS))[1], program_id)
-    engine_table = (await request("GET", engine.base_url + "/autellix/v1/engine/table"))[1]
-    attained = program_row(engine_table, program_id)["attained_service"]
+    on_engine = await engine_table(engine)
+    attained = program_row(on_engine, program_id)["attained_service"]
     assert 0 < attained < 1000 and row["service"] < 1000
 
 
@@ -416,7 +435,7 @@ async def test_calls_of_another_key_get_404_and_call_ids_are_used_once(
     keys = tmp_path / "keys"
     keys.write_text("alice: sk-alice\nbob: sk-bob\n")
     options = {"api_keys_file": str(keys), "admin_key": "sk-admin"}
-    async with start_router([engine.base_url], **options) as router:
+    async with start_router([engine], **options) as router:
         post = router.url + "/v1/completions"
         status, opened = await request("POST", router.url + PROGRAMS, headers=bearer("sk-alice"))
         program_id = opened["program_id"]
@@ -452,27 +471,6 @@ async def test_calls_of_another_key_get_404_and_call_ids_are_used_once(
                 "call_id_reused",
             )
 
-        # A duplicate of a call in flight: 409, the first one completes.
-        slow = asyncio.ensure_future(
-            request("POST", post, json=completion(model, max_tokens=200), headers=call("c2"))
-        )
-        state = router.state.programs
-
-        async def in_flight() -> None:
-            while "c2" not in state.get(program_id).calls_in_flight:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(in_flight(), 30)
-        assert_openai_error(
-            *await request("POST", post, json=completion(model), headers=call("c2")),
-            409,
-            "call_id_reused",
-        )
-        status, second = await slow
-        assert status == 200
-        usage = second["usage"]
-        charged += ServiceMeter().amount(usage["completion_tokens"], usage["prompt_tokens"])
-
         # A retry of an attempt that did not complete is allowed, and charged once.
         status, body = await request(
             "POST", post, json=completion(model, max_tokens=-1), headers=call("c3")
@@ -485,75 +483,100 @@ async def test_calls_of_another_key_get_404_and_call_ids_are_used_once(
 
         table = (await request("GET", router.url + PROGRAMS, headers=bearer("sk-alice")))[1]
         row = program_row(table, program_id)
-        assert row["calls_completed"] == 4 and row["calls_failed"] == 1
+        assert row["calls_completed"] == 3 and row["calls_failed"] == 1
         assert row["service"] == pytest.approx(charged)
 
 
 @pytest.mark.engine
-async def test_program_limits_are_400s_that_name_the_limit(engine, start_router):
+async def test_thread_limits_are_400s_that_name_the_limit(engine, start_router):
     model = engine.served_model_name
-    limits = ProgramLimits(max_threads=4, max_fork_depth=2, max_live_calls=2)
+    limits = ProgramLimits(max_threads=4, max_fork_depth=2)
     program_id = unique("limits")
-    async with start_router([engine.base_url], limits=limits) as router:
+    async with start_router([engine], limits=limits) as router:
         post = router.url + "/v1/completions"
 
-        def on(thread: str, parent: str | None = None) -> dict[str, str]:
+        async def call_on(thread: str, parent: str | None = None) -> tuple[int, object]:
             headers = {"X-Autellix-Program-Id": program_id, "X-Autellix-Thread-Id": thread}
-            return {**headers, "X-Autellix-Parent-Thread-Id": parent} if parent else headers
+            if parent:
+                headers["X-Autellix-Parent-Thread-Id"] = parent
+            return await request("POST", post, json=completion(model), headers=headers)
 
-        assert (await request("POST", post, json=completion(model), headers=on("main")))[0] == 200
-        assert (await request("POST", post, json=completion(model), headers=on("t1", "main")))[
-            0
-        ] == 200
-        assert (await request("POST", post, json=completion(model), headers=on("t2", "t1")))[
-            0
-        ] == 200
-        status, body = await request("POST", post, json=completion(model), headers=on("t3", "t2"))
+        for thread, parent in (("main", None), ("t1", "main"), ("t2", "t1")):
+            assert (await call_on(thread, parent))[0] == 200
+        status, body = await call_on("t3", "t2")  # 3 forks below main
         assert_openai_error(status, body, 400, "fork_too_deep")
         assert "max_fork_depth" in body["error"]["message"]
-        assert (await request("POST", post, json=completion(model), headers=on("t4", "main")))[
-            0
-        ] == 200
-        status, body = await request("POST", post, json=completion(model), headers=on("t5"))
+        assert (await call_on("t4", "main"))[0] == 200
+        status, body = await call_on("t5")  # a fifth thread
         assert_openai_error(status, body, 400, "too_many_threads")
         assert "max_threads" in body["error"]["message"]
-
-        slow = [
-            asyncio.ensure_future(
-                request("POST", post, json=completion(model, max_tokens=200), headers=on("main"))
-            )
-            for _ in range(2)
-        ]
-
-        async def both_in_flight() -> None:
-            while router.state.programs.get(program_id).calls_active < 2:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(both_in_flight(), 30)
-        status, body = await request("POST", post, json=completion(model), headers=on("main"))
-        assert_openai_error(status, body, 400, "too_many_live_calls")
-        assert "max_live_calls" in body["error"]["message"]
-        assert [status for status, _ in await asyncio.gather(*slow)] == [200, 200]
 
 
 @pytest.mark.engine
 async def test_deep_bodies_are_json_4xx_and_the_router_keeps_serving(engine, start_router, caplog):
     caplog.set_level(logging.INFO)
     model = engine.served_model_name
-    async with start_router([engine.base_url]) as router:
+    async with start_router([engine]) as router:
         post = router.url + "/v1/chat/completions"
         for _ in range(3):
             status, body = await request("POST", post, data=b"[" * 100_000)
             assert_openai_error(status, body, 400, "invalid_json")
-        deep: object = "hi"
-        for _ in range(950):
-            deep = [deep]
-        status, body = await request("POST", post, json={"model": model, "messages": deep})
+        # Written out: Python's json module cannot write 950 levels either.
+        messages = "[" * 950 + '{"role": "user", "content": "hi"}' + "]" * 950
+        deep = f'{{"model": "{model}", "messages": {messages}}}'.encode()
+        status, body = await request("POST", post, data=deep)
         assert 400 <= status < 500 and isinstance(body, dict) and "error" in body, body
         good = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         status, answer = await request("POST", post, json=good)
         assert status == 200, answer
     no_tracebacks(caplog)
+
+
+class Gate:
+    """An engine answer that holds every call until :attr:`opened` is set."""
+
+    def __init__(self) -> None:
+        self.opened = asyncio.Event()
+        self.holding = 0
+
+    async def answer(self, request: web.Request, number: int) -> web.StreamResponse:
+        self.holding += 1
+        await self.opened.wait()
+        return await answer_with_usage(request, number)
+
+
+async def test_calls_in_flight_bound_the_program_and_their_ids(start_router):
+    """The engine holds two calls of a program: a third is past max_live_calls, and
+    a call with the id of a held one is a duplicate; both complete afterwards."""
+    gate = Gate()
+    limits = ProgramLimits(max_live_calls=2)
+    async with (
+        fake_engine(gate.answer) as engine,
+        start_router([engine.url], limits=limits) as router,
+    ):
+        post = router.url + "/v1/completions"
+
+        def call(call_id: str) -> dict[str, str]:
+            return {"X-Autellix-Program-Id": "p", "X-Autellix-Call-Id": call_id}
+
+        held = [
+            asyncio.ensure_future(request("POST", post, json=completion(MODEL), headers=call(c)))
+            for c in ("c1", "c2")
+        ]
+        await while_running(lambda: gate.holding == 2, held)
+        status, body = await request("POST", post, json=completion(MODEL), headers=call("c1"))
+        assert_openai_error(status, body, 409, "call_id_reused")
+        status, body = await request("POST", post, json=completion(MODEL), headers=call("c3"))
+        assert_openai_error(status, body, 400, "too_many_live_calls")
+        assert "max_live_calls" in body["error"]["message"]
+        gate.opened.set()
+        assert [status for status, _ in await asyncio.gather(*held)] == [200, 200]
+        status, body = await request("POST", post, json=completion(MODEL), headers=call("c1"))
+        assert_openai_error(status, body, 409, "call_id_reused")  # completed: not again
+        assert (await request("POST", post, json=completion(MODEL), headers=call("c3")))[0] == 200
+        row = program_row((await request("GET", router.url + PROGRAMS))[1], "p")
+        assert row["calls_completed"] == 3 and row["service"] == 3 * USAGE_SERVICE
+        assert len(engine.posts()) == 3
 
 
 # ---- dropped streams and reset connections -------------------------------------
@@ -563,7 +586,7 @@ async def test_deep_bodies_are_json_4xx_and_the_router_keeps_serving(engine, sta
 async def test_a_stream_the_client_drops_is_charged_and_not_completed(engine, start_router):
     program_id = unique("dropped")
     body = completion(engine.served_model_name, max_tokens=400, stream=True)
-    async with start_router([engine.base_url]) as router:
+    async with start_router([engine]) as router:
         async with aiohttp.ClientSession() as http:
             headers = {"X-Autellix-Program-Id": program_id}
             async with http.post(

@@ -246,9 +246,6 @@ class ProgramTable:
             raise ProgramNotFound(program_id)
         if record is None:
             self._refuse_ended(program_id, caller)
-        thread = thread_id or MAIN_THREAD
-        new_threads = self._new_threads(record, thread, parent_thread_id)
-        self._check_limits(record, new_threads)
         if call_id is not None and record is not None:
             if call_id in record.calls_in_flight:
                 raise CallIdReused(f"the call id {call_id!r} is already in flight")
@@ -257,6 +254,9 @@ class ProgramTable:
                     f"the call id {call_id!r} has completed; a call id may be used again"
                     " only to retry an attempt that did not complete"
                 )
+        thread = thread_id or MAIN_THREAD
+        new_threads = self._new_threads(record, thread, parent_thread_id)
+        self._check_limits(record, new_threads)
         if record is None:
             record = self._open(program_id, None, caller, issued=False)
         else:
