@@ -12,6 +12,7 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from autellix_vllm.protocol import INVALID_KEY_CODE
 from autellix_vllm.router.errors import ApiError, error_response
 from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing
 from autellix_vllm.router.metrics import RouterMetrics
@@ -68,7 +69,7 @@ def authenticate(keys: KeyRing) -> Middleware:
         client = keys.client_for(request.headers.get("Authorization"))
         if client is None:
             raise ApiError(
-                401, "a valid API key is needed: Authorization: Bearer <key>", "invalid_api_key"
+                401, "a valid API key is needed: Authorization: Bearer <key>", INVALID_KEY_CODE
             )
         request[CLIENT] = client
         return await handler(request)
