@@ -10,7 +10,9 @@ from autellix_vllm.engine.models import ModelSpec
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, SettingError
 from autellix_vllm.policy import Levels
 
-TINY = ModelSpec("/m", "autellix-tiny", dtype="float32", load_format="dummy")
+TINY = ModelSpec(
+    "/m", "autellix-tiny", dtype="float32", load_format="dummy", tool_call_parser="hermes"
+)
 PLAIN = ModelSpec("/models/llama", "/models/llama")
 
 
@@ -187,3 +189,31 @@ def test_stop_kills_the_whole_process_group(monkeypatch):
     assert not launcher._group_alive(pgid)
     left = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+def test_the_engine_key_goes_in_the_environment_never_on_the_command_line(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "inherited")
+    monkeypatch.setenv("AUTELLIX_ENGINE_KEY", "inherited")
+    config = EngineConfig(api_key="s3cret")
+    env = launcher.server_environment(config)
+    assert env["VLLM_API_KEY"] == env["AUTELLIX_ENGINE_KEY"] == "s3cret"
+    command = launcher.server_command(config, TINY, 1)
+    assert "s3cret" not in " ".join(command) and "--api-key" not in command
+    assert "s3cret" not in repr(config)
+    # No key configured: none inherited either, so the engine is what it was told to be.
+    keyless = launcher.server_environment(EngineConfig())
+    assert "VLLM_API_KEY" not in keyless and "AUTELLIX_ENGINE_KEY" not in keyless
+    for bad in ("", " ", "a\nb"):
+        with pytest.raises(ValueError, match="engine key"):
+            EngineConfig(api_key=bad)
+
+
+def test_tool_calling_takes_the_models_parser_a_named_one_or_none():
+    def parser_flags(config, model=TINY):
+        cmd = launcher.server_command(config, model, 1)
+        return flag(cmd, "--tool-call-parser") if "--enable-auto-tool-choice" in cmd else None
+
+    assert parser_flags(EngineConfig()) == "hermes"  # TINY's own
+    assert parser_flags(EngineConfig(), PLAIN) is None  # no parser known: off
+    assert parser_flags(EngineConfig(tool_call_parser="llama3_json"), PLAIN) == "llama3_json"
+    assert parser_flags(EngineConfig(tool_call_parser=None)) is None

@@ -135,7 +135,9 @@ def test_concurrent_first_uses_both_get_the_whole_folder(tmp_path):
 
 def test_registry_resolves_names_and_passes_paths_through(converted, cache):
     smollm2 = resolve_model("smollm2", cache)
-    assert smollm2 == ModelSpec(str(converted), "SmolLM2-135M-Instruct", dtype="bfloat16")
+    assert smollm2 == ModelSpec(
+        str(converted), "SmolLM2-135M-Instruct", dtype="bfloat16", tool_call_parser="hermes"
+    )
     assert smollm2.vllm_args() == ["--dtype", "bfloat16"]
 
     tiny = resolve_model("tiny", cache)
@@ -144,6 +146,34 @@ def test_registry_resolves_names_and_passes_paths_through(converted, cache):
     assert (cache / "tiny-llama-v2" / "config.json").is_file()
 
     assert resolve_model("/models/llama") == ModelSpec("/models/llama", "/models/llama")
+
+
+@pytest.mark.parametrize(
+    ("template", "parser"),
+    [
+        ("{{ '<tool_call>' }}{{ tool | tojson }}", "hermes"),
+        ("[TOOL_CALLS] {{ calls }}", "mistral"),
+        ("{{ '<|python_tag|>' }}", "llama3_json"),
+        ("{{ message['content'] }}", None),
+    ],
+)
+def test_a_folders_tool_call_parser_is_read_off_its_chat_template(tmp_path, template, parser):
+    (tmp_path / "chat_template.jinja").write_text(template)
+    assert resolve_model(str(tmp_path)).tool_call_parser == parser
+    in_config = tmp_path / "in-config"
+    in_config.mkdir()
+    (in_config / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    assert models.tool_call_parser_for(in_config) == parser
+    assert models.tool_call_parser_for(tmp_path / "no-such-folder") is None
+
+
+def test_a_model_that_is_not_here_is_refused_with_one_line(tmp_path):
+    for name in ("meta-llama/No-Such-Model", "/no/such/folder", "./nothing-here"):
+        with pytest.raises(models.ModelNotInstalledError, match="--model /path/to/model") as info:
+            models.check_installed(name)
+        assert "\n" not in str(info.value) and "local_files_only" not in str(info.value)
+    models.check_installed(str(tmp_path))  # a folder
+    models.check_installed("tiny")
 
 
 def test_missing_package_says_how_to_install_it(monkeypatch):
@@ -162,6 +192,7 @@ def smollm2_engine(cache, tmp_path_factory):
         model=spec.path,
         served_model_name=spec.served_name,
         extra_args=spec.vllm_args(),
+        tool_call_parser=spec.tool_call_parser,
         port=0,
         max_num_seqs=4,
         max_model_len=1024,
@@ -184,3 +215,35 @@ def test_the_real_model_answers_a_factual_question(smollm2_engine):
     choice = answer.choices[0]
     assert "Paris" in choice.message.content
     assert choice.finish_reason == "stop"  # ended on <|im_end|>, not on max_tokens
+
+
+@pytest.mark.engine
+def test_the_real_model_takes_tool_calls(smollm2_engine):
+    """Tool calling is on: ``tools=`` gets 200. The 135M model was not trained for
+    tools: left to choose (``auto``) it answers in prose; made to call
+    (``required``), vLLM's structured output yields a parsed call of the tool."""
+    client = openai.OpenAI(base_url=smollm2_engine.base_url + "/v1", api_key="-", max_retries=0)
+    tools = [{
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }]  # fmt: skip
+    for choice in ("auto", "required"):
+        answer = client.chat.completions.with_raw_response.create(
+            model=smollm2_engine.served_model_name,
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=tools,
+            tool_choice=choice,
+            max_tokens=64,
+            temperature=0,
+        )
+        assert answer.status_code == 200
+    calls = answer.parse().choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"

