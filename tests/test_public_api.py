@@ -78,7 +78,7 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
     "engine": (
         "--model", "--served-model-name", "--host", "--port", "--max-num-seqs", "--max-model-len",
         "--kv-cache-gib", "--scheduler", "--device", "--log-file", "--startup-timeout",
-        "--policy", "--beta", "--levels",
+        "--policy", "--beta", "--levels", "--api-key", "--tool-call-parser", "--no-tool-calling",
     ),
     "bench engine": (
         "--programs", "--quick", "--seed", "--workload", "--rate", "--max-num-seqs",
@@ -97,6 +97,8 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
         "--tensor-parallel-size", "--upstream", "--lb", "--locality-threshold",
         "--chars-per-token", "--api-key", "--max-body-mb", "--health-interval", "--max-attempts",
         "--allow-remote-upstreams", "--startup-timeout", "--policy", "--beta", "--levels",
+        "--tool-call-parser", "--no-tool-calling", "--engine-key", "--api-keys-file",
+        "--admin-key",
     ),
     "ps": ("--url", "--api-key", "--json"),
     "top": ("--url", "--api-key", "--interval", "--iterations"),

@@ -22,6 +22,12 @@ SERVE = [sys.executable, "-m", "autellix_vllm"]
         ["serve", "--policy", "srpt"],
         ["serve", "--upstream", "http://127.0.0.1:9", "--policy", "plas"],
         ["engine", "--beta", "0"],
+        ["serve", "--model", "tiny", "--", "--tensor-parallel-size", "4"],
+        ["serve", "--model", "tiny", "--", "-tp=2"],
+        ["engine", "--model", "tiny", "--", "--api-key", "k"],
+        ["engine", "--model", "meta-llama/Llama-3.1-8B-Instruct"],
+        ["serve", "--model", "./no-such-folder"],
+        ["engine", "--tool-call-parser", "hermes", "--no-tool-calling"],
     ],
 )
 def test_bad_command_lines_end_with_one_line_and_code_2(arguments):
@@ -45,9 +51,7 @@ def test_a_bad_autellix_variable_ends_with_one_line_and_code_2_before_any_engine
 def parse(command: str, *arguments: str):
     from autellix_vllm.cli import build_parser
 
-    return build_parser({command: f"autellix_vllm.cli.{command}"}).parse_args(
-        [command, *arguments]
-    )
+    return build_parser({command: f"autellix_vllm.cli.{command}"}).parse_args([command, *arguments])
 
 
 def parse_error(capsys, command: str, *arguments: str) -> str:
@@ -118,3 +122,104 @@ def test_one_engine_per_gpu_by_default_and_tensor_parallel_groups(monkeypatch, t
     assert len(cpu) == 2 and all("CUDA_VISIBLE_DEVICES" not in c.extra_env for c in cpu)
     assert all(c.model == "smollm2" for c in cpu)  # the real model unless --model says
     assert {c.model for c in plan_engines(serve_args("--model", "tiny"))} == {"tiny"}
+
+
+def test_serve_refuses_tensor_parallel_after_the_separator_and_names_its_own_flag():
+    result = subprocess.run(
+        [*SERVE, "serve", "--model", "tiny", "--", "--tensor-parallel-size", "4"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith("autellix serve: error: --tensor-parallel-size after --")
+    assert "give --tensor-parallel-size T before --" in result.stderr
+
+
+def test_a_model_that_is_not_here_is_one_line_before_anything_starts():
+    result = subprocess.run(
+        [*SERVE, "engine", "--model", "meta-llama/Llama-3.1-8B-Instruct"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "not in the local Hugging Face cache" in result.stderr
+    assert "--model /path/to/model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_checks_the_router_port_before_it_starts_an_engine():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [*SERVE, "serve", "--model", "tiny", "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 2, result
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "starting" not in result.stdout  # no engine was started
+
+
+def test_serve_warns_about_upstreams_that_are_down_and_prints_a_client_to_paste():
+    import signal
+
+    served = subprocess.Popen(
+        [*SERVE, "serve", "--upstream", "http://127.0.0.1:9", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        ready = served.stdout.readline()
+        snippet = [served.stdout.readline() for _ in range(3)]
+    finally:
+        served.send_signal(signal.SIGTERM)
+        _, errors = served.communicate(timeout=30)
+    assert "warning: engine http://127.0.0.1:9 does not answer" in errors
+    assert ready.startswith("autellix serve: router ready at http://127.0.0.1:")
+    assert snippet[0].startswith("from autellix import OpenAI")
+    assert 'api_key="-"' in snippet[1] and "/v1" in snippet[1]
+    assert "chat.completions.create(" in snippet[2]
+
+
+@pytest.mark.parametrize("command", ["engine", "serve"])
+def test_every_flag_has_help_that_shows_its_default(command):
+    from autellix_vllm.cli import build_parser
+
+    parser = build_parser({command: f"autellix_vllm.cli.{command}"})
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    formatter = sub._get_formatter()
+    for action in sub._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        shown = formatter._expand_help(action) if action.help else ""
+        assert shown, f"{action.option_strings[0]} has no help"
+        if action.nargs != 0:  # an on/off switch has no default to show
+            assert "(default" in shown or "default:" in shown, (action.option_strings, shown)
+
+
+def test_serve_gives_every_engine_the_runs_key_and_the_router_the_same(monkeypatch):
+    from autellix_vllm.cli.serve import plan_engines, router_config_from_args
+
+    args = serve_args("--model", "tiny", "--engines", "2", "--admin-key", "admin-k")
+    configs = plan_engines(args, engine_key="run-key")
+    assert [c.api_key for c in configs] == ["run-key", "run-key"]
+    router = router_config_from_args(args, ["http://127.0.0.1:1"], "run-key")
+    assert (router.engine_key, router.admin_key) == ("run-key", "admin-k")
+
+
+def test_tool_calling_flags_reach_the_engine_config():
+    from autellix_vllm.cli.engine import engine_config_from_args
+
+    assert engine_config_from_args(parse("engine", "--model", "tiny")).tool_call_parser == "auto"
+    named = parse("engine", "--model", "tiny", "--tool-call-parser", "llama3_json")
+    assert engine_config_from_args(named).tool_call_parser == "llama3_json"
+    off = parse("engine", "--model", "tiny", "--no-tool-calling")
+    assert engine_config_from_args(off).tool_call_parser is None
+
+
+def test_engine_takes_its_key_from_the_flag_or_the_variable(monkeypatch):
+    from autellix_vllm.cli.engine import engine_config_from_args
+
+    monkeypatch.setenv("AUTELLIX_ENGINE_KEY", "from-env")
+    assert engine_config_from_args(parse("engine", "--model", "tiny")).api_key == "from-env"
+    flagged = parse("engine", "--model", "tiny", "--api-key", "from-flag")
+    assert engine_config_from_args(flagged).api_key == "from-flag"

@@ -1,10 +1,14 @@
-"""``autellix serve --engines 2`` on the embedded model: stickiness, failover, shutdown.
+"""``autellix serve --engines 2`` on the embedded model: stickiness, failover,
+restarts, shutdown.
 
 One ``autellix serve`` process (two real engines) is shared by the tests of
-this module, which run in file order: routing first, then ``ps``/``top``,
-then an engine is killed mid-run, and last the whole thing is stopped with
-SIGTERM. Prompts "exceed the threshold" cheaply: the threshold is lowered to
-200 tokens and the tiny model's tokenizer has one token per character.
+this module, which run in file order: routing first, then ``ps``/``top`` and
+tool calling, then an engine's API server is killed mid-run (its process group
+goes, the engine is restarted and serves again), and last the whole thing is
+stopped with SIGTERM. Prompts "exceed the threshold" cheaply: the threshold is
+lowered to 200 tokens and the tiny model's tokenizer has one token per
+character. A last test SIGKILLs a serve of its own and finds no engine process
+left.
 """
 
 from __future__ import annotations
@@ -18,17 +22,22 @@ import signal
 import string
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
+from autellix_vllm.engine.reaper import group_members
 
 pytestmark = pytest.mark.engine
 
 THRESHOLD = 200
+# The engines' key, given to serve so that the router benchmark below can reach them too.
+ENGINE_KEY_ENV = {**os.environ, "AUTELLIX_ENGINE_KEY": f"test-{uuid.uuid4().hex}"}
 SERVE = [sys.executable, "-m", "autellix_vllm"]
 PROGRAMS = "/autellix/v1/programs"
 
@@ -63,18 +72,20 @@ def processes_mentioning(marker: str) -> list[int]:
     return found
 
 
-def start_serve(*options: str) -> Served:
+def start_serve(*options: str, env: dict[str, str] | None = None) -> Served:
     process = subprocess.Popen(
         [*SERVE, "serve", "--port", "0", *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        env=env,
     )
     return Served(process)
 
 
 def read_until_ready(served: Served, timeout_s: float = 600) -> None:
+    """Read serve's output up to its ready line, then keep reading it in the background."""
     deadline = time.monotonic() + timeout_s
     assert served.process.stdout is not None
     for line in served.process.stdout:
@@ -84,9 +95,40 @@ def read_until_ready(served: Served, timeout_s: float = 600) -> None:
             served.engine_pids[int(found[1])] = int(found[3])
         if found := re.search(r"router ready at (\S+);", line):
             served.url = found[1]
+            threading.Thread(target=keep_reading, args=(served,), daemon=True).start()
             return
         assert time.monotonic() < deadline, "autellix serve did not get ready"
     pytest.fail("autellix serve exited early:\n" + "".join(served.output))
+
+
+def keep_reading(served: Served) -> None:
+    assert served.process.stdout is not None
+    for line in served.process.stdout:
+        served.output.append(line)
+
+
+def wait_for_line(served: Served, pattern: str, timeout_s: float) -> re.Match[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in list(served.output):
+            if found := re.search(pattern, line):
+                return found
+        time.sleep(0.2)
+    pytest.fail(f"no line matching {pattern!r} in:\n" + "".join(served.output))
+
+
+def api_server_of(reaper_pid: int) -> int:
+    """The vLLM API server of an engine: the only child of its reaper."""
+    children = Path(f"/proc/{reaper_pid}/task/{reaper_pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def wait_until_gone(group: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while group_members(group):
+        assert time.monotonic() < deadline, f"left in group {group}: {group_members(group)}"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +138,7 @@ def served():
         "--model", "tiny", "--chars-per-token", "1", "--max-model-len", "1024",
         "--max-num-seqs", "8",
         "--health-interval", "0.5",
+        env=ENGINE_KEY_ENV,
     )  # fmt: skip
     try:
         read_until_ready(served)
@@ -205,7 +248,7 @@ def test_the_router_benchmark_runs_over_the_served_engines(served):
     upstreams = [f"--upstream={served.engine_urls[i]}" for i in (0, 1)]
     bench = subprocess.run(
         [*SERVE, "bench", "router", *upstreams, "--programs", "3", "--json"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=ENGINE_KEY_ENV,
     )  # fmt: skip
     assert bench.returncode == 0, bench.stderr
     result = json.loads(bench.stdout)
@@ -228,16 +271,17 @@ async def test_killing_an_engine_mid_run_loses_no_program(served):
             # then engine-1 dies with work of a live program on it.
             rows = (await get_json(served.url + PROGRAMS))["programs"]
             return any(
-                row["engine"] == "engine-1" and 0 < row["calls_completed"] < calls
-                for row in rows
+                row["engine"] == "engine-1" and 0 < row["calls_completed"] < calls for row in rows
             )
 
         deadline = asyncio.get_running_loop().time() + 60
         while not await mid_run_on_engine_1():
             assert asyncio.get_running_loop().time() < deadline, "no program ran on engine-1"
             await asyncio.sleep(0.05)
-        os.killpg(served.engine_pids[1], signal.SIGKILL)
+        # The API server only: the reaper must take its engine core and worker with it.
+        os.kill(api_server_of(served.engine_pids[1]), signal.SIGKILL)
         programs = await asyncio.gather(*runs)  # raises if any call of any program failed
+    wait_until_gone(served.engine_pids[1])
 
     table = await get_json(served.url + PROGRAMS)
     rows = {row["program_id"]: row for row in table["programs"]}
@@ -249,8 +293,51 @@ async def test_killing_an_engine_mid_run_loses_no_program(served):
         assert row["calls_completed"] == calls
     for program_id in moved:
         assert set(rows[program_id]["engines"]) == {"engine-0", "engine-1"}
-    engines = {e["name"]: e for e in table["engines"]}
-    assert engines["engine-0"]["healthy"] and not engines["engine-1"]["healthy"]
+
+
+async def test_the_killed_engine_is_restarted_on_its_port_and_serves_again(served):
+    wait_for_line(served, r"engine 1 \(\S+\) exited with code 137; restarting it in 1 s", 10)
+    back = wait_for_line(served, r"engine 1 \S+ healthy again after restart 1 \(pid (\d+)\)", 600)
+    served.engine_pids[1] = int(back[1])
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:  # the router takes it back after one good probe
+        listing = await get_json(served.url + "/autellix/v1/engines")
+        engines = {e["name"]: e for e in listing["engines"]}
+        if engines["engine-1"]["healthy"]:
+            break
+        assert asyncio.get_running_loop().time() < deadline, engines
+        await asyncio.sleep(0.2)
+    assert engines["engine-1"]["url"] == served.engine_urls[1]
+    async with client_for(served) as client:
+        programs = await asyncio.gather(
+            *(run_program(client, served.url, calls=2, max_tokens=2) for _ in range(8))
+        )
+    rows = {row["program_id"]: row for row in (await get_json(served.url + PROGRAMS))["programs"]}
+    assert any("engine-1" in rows[p]["engines"] for p in programs)  # it serves again
+
+
+async def test_tool_calls_get_200_through_the_router(served):
+    tools = [{
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }]  # fmt: skip
+    async with client_for(served) as client:
+        for choice in (
+            "auto",
+            "required",
+            {"type": "function", "function": {"name": "get_weather"}},
+        ):
+            answer = await client.chat.completions.with_raw_response.create(
+                model="autellix-tiny",
+                messages=[{"role": "user", "content": "weather in Paris?"}],
+                tools=tools,
+                tool_choice=choice,
+                max_tokens=8,
+            )
+            assert answer.status_code == 200
 
 
 def test_sigterm_stops_the_router_and_every_engine(served):
@@ -261,6 +348,23 @@ def test_sigterm_stops_the_router_and_every_engine(served):
     assert "stopped" in rest
     for pid in served.engine_pids.values():
         assert not group_alive(pid)
+
+
+def test_a_sigkilled_serve_leaves_no_engine_process():
+    marker = f"marker-{uuid.uuid4().hex[:8]}"
+    served = start_serve("--model", "tiny", "--served-model-name", marker)
+    try:
+        read_until_ready(served)
+        group = served.engine_pids[0]
+        assert len(group_members(group)) >= 4  # reaper, API server, engine core, worker
+        served.process.kill()  # SIGKILL: serve runs no cleanup at all
+        served.process.wait(timeout=10)
+        wait_until_gone(group, timeout_s=5)
+        assert processes_mentioning(marker) == []
+    finally:
+        for pid in served.engine_pids.values():
+            if group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_serve_stops_what_it_started_when_an_engine_cannot_start():

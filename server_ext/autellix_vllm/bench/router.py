@@ -154,7 +154,8 @@ async def _measure(
     renamed = [replace(p, program_id=f"{policy}/{p.program_id}") for p in programs]
     cache_before = await asyncio.to_thread(_prefix_cache, upstreams)
     began = time.monotonic()
-    model = (await asyncio.to_thread(_get_json, upstreams[0] + "/v1/models"))["data"][0]["id"]
+    # From the router: engines with a key answer /v1/models only to its holder.
+    model = (await asyncio.to_thread(_get_json, router_url + "/v1/models"))["data"][0]["id"]
     results = await replay(router_url, model, renamed, settings)
     summary = summarize(results, time.monotonic() - began)
     cache_after = await asyncio.to_thread(_prefix_cache, upstreams)

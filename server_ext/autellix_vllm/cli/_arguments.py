@@ -1,9 +1,9 @@
-"""Argument types that more than one command uses."""
+"""Argument helpers that more than one command uses."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -21,3 +21,31 @@ def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
 
     convert.__name__ = parse.__name__
     return convert
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written, and each option's default after its help.
+
+    A default is added only where the help does not already say it in words
+    (``(default: ...)``, for defaults that come from a variable or depend on the
+    machine) and there is one to show (not None, not off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if (
+            "(default" in help_text
+            or not action.option_strings
+            or action.default in (None, False, argparse.SUPPRESS)
+        ):
+            return help_text
+        return f"{help_text} (default: %(default)s)"
+
+
+def reserved_flag(arguments: Sequence[str], reserved: Mapping[str, str]) -> str | None:
+    """The first of ``arguments`` (extra vLLM flags, after ``--``) that a command
+    sets from a flag of its own, with what to write instead; None if there is none."""
+    for argument in arguments:
+        name = argument.split("=", 1)[0]
+        if name in reserved:
+            return f"{name} after -- goes around autellix: {reserved[name]}"
+    return None

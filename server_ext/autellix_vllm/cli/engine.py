@@ -4,68 +4,130 @@
     autellix engine --model tiny             # random weights: fast, for tests and quick runs
     autellix engine --policy plas --beta 4   # another policy of the Autellix scheduler
     autellix engine --scheduler vllm         # stock vLLM, the baseline
+    autellix engine --api-key "$KEY"         # only callers with the key (also $AUTELLIX_ENGINE_KEY)
     autellix engine --model /path/to/model --port 8001 -- --max-num-batched-tokens 2048
 
-Everything after ``--`` goes to vLLM unchanged.
+Everything after ``--`` goes to vLLM unchanged, except the flags autellix sets
+itself (``--api-key``, ``--host``, ``--port``: use autellix's flags).
+
+The engine key (``--api-key``) guards vLLM's ``/v1/*`` routes, the scheduling
+fields (the prior service) and ``/autellix/v1/engine/*``; without one, whoever
+reaches the port is trusted (fine on a laptop; ``autellix serve`` always gives
+its engines a key). Tool calling is on, with the model's parser (``hermes`` for
+the built-in models, read off a folder's chat template), so ``tools=`` calls
+work; ``--tool-call-parser`` names another, ``--no-tool-calling`` turns it off.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from autellix_vllm.cli import UsageError
-from autellix_vllm.cli._arguments import checked
+from autellix_vllm.cli._arguments import HelpFormatter, checked, reserved_flag
 from autellix_vllm.engine.launcher import (
+    AUTO_TOOL_PARSER,
     SCHEDULERS,
     EngineConfig,
     EngineProcess,
     EngineStartError,
     scheduler_environment,
     stop_on_signals,
+    tool_call_parser,
 )
 from autellix_vllm.engine.models import MODELS, ModelNotInstalledError, check_installed
 from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES, engine_policy, positive_number
 from autellix_vllm.policy import Levels
+from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
 
 # What `autellix engine` and `autellix serve` serve without --model: the real
 # chat model, so agents get sensible answers out of the box.
 DEFAULT_MODEL = "smollm2"
+
+# vLLM flags `autellix engine` sets from its own: given after -- they would go
+# around it (a key the Autellix extension does not know, a port it does not watch).
+ENGINE_RESERVED_FLAGS = {
+    "--api-key": "give the engine key as --api-key before -- (it then guards vLLM's"
+    " routes and the Autellix fields alike)",
+    "--host": "use --host before --",
+    "--port": "use --port before --",
+}
+
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     parser = subparsers.add_parser(
         name,
         help="run one vLLM server with the Autellix scheduler",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_engine_arguments(parser)
+    parser.add_argument("--host", default=EngineConfig.host, help="address the engine listens on")
     parser.add_argument(
-        "--startup-timeout", type=float, default=600.0, help="seconds to wait for /health"
+        "--port", type=int, default=EngineConfig.port, help="port (0 picks a free one)"
+    )
+    parser.add_argument(
+        "--api-key",
+        dest="engine_key",
+        metavar="KEY",
+        default=os.environ.get(ENGINE_KEY_VARIABLE),
+        help="the engine key: callers must send Authorization: Bearer KEY (default:"
+        f" ${ENGINE_KEY_VARIABLE}, else none)",
+    )
+    parser.add_argument(
+        "--log-file",
+        type=Path,
+        metavar="FILE",
+        help="also append the server's output to this file (default: none)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for /health",
     )
     parser.add_argument("vllm_args", nargs="*", help="extra vLLM arguments, after --")
     parser.set_defaults(func=run)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine flags, shared with commands that start engines (serve, bench)."""
+    """The flags of what each engine runs, shared with ``autellix serve``."""
     defaults = EngineConfig()
     parser.add_argument(
         "--model",
-        help=f"{' or '.join(MODELS)} (built in; tiny has random weights), or a local model"
-        f" folder (default: {DEFAULT_MODEL})",
+        metavar="NAME_OR_PATH",
+        help=f"{' or '.join(MODELS)} (built in; tiny has random weights), a local model"
+        f" folder, or a Hugging Face id already in the local cache (default: {DEFAULT_MODEL})",
     )
-    parser.add_argument("--served-model-name", help="name clients use (default: the model's)")
-    parser.add_argument("--host", default=defaults.host)
-    parser.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
-    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    parser.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the name clients send as model (default: the model's)",
+    )
+    parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        metavar="N",
+        default=defaults.max_num_seqs,
+        help="calls in the engine's batch at once",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="TOKENS",
+        default=defaults.max_model_len,
+        help="longest prompt plus output, in tokens",
+    )
     parser.add_argument(
         "--kv-cache-gib",
         type=int,
+        metavar="GIB",
         default=defaults.kv_cache_gib,
-        help="CPU KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)",
+        help="CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)",
     )
     parser.add_argument(
         "--scheduler",
@@ -89,19 +151,45 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=checked(Levels.parse),
         help="level boundaries in service units, e.g. 0,128,512 (default: $AUTELLIX_LEVELS)",
     )
-    parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default=defaults.device)
-    parser.add_argument("--log-file", type=Path, help="also append the server's output here")
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "gpu"],
+        default=defaults.device,
+        help="auto: gpu for a real model where vLLM's GPU build sees a GPU, else cpu"
+        " (the tiny model always runs on the cpu)",
+    )
+    tools = parser.add_mutually_exclusive_group()
+    tools.add_argument(
+        "--tool-call-parser",
+        default=AUTO_TOOL_PARSER,
+        metavar="NAME",
+        help="vLLM's parser of the model's tool calls (hermes, llama3_json, mistral, ...);"
+        " auto: the model's own (hermes for the built-in models, else read off the"
+        " folder's chat template) (default: auto)",
+    )
+    tools.add_argument(
+        "--no-tool-calling",
+        action="store_true",
+        help="turn tool calling off: a call with tools= then gets vLLM's 400",
+    )
 
 
-def engine_config_from_args(args: argparse.Namespace, **overrides: object) -> EngineConfig:
+def engine_config_from_args(
+    args: argparse.Namespace,
+    reserved: Mapping[str, str] = ENGINE_RESERVED_FLAGS,
+    **overrides: object,
+) -> EngineConfig:
+    """The engine config of ``args``; ``reserved`` are the vLLM flags the command
+    refuses after ``--`` (each with what to write instead)."""
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     for flag in ("max_num_seqs", "max_model_len", "kv_cache_gib"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
+    vllm_args = list(getattr(args, "vllm_args", None) or [])
+    if problem := reserved_flag(vllm_args, reserved):
+        raise UsageError(problem)
     model = args.model or DEFAULT_MODEL
-    if model.startswith(("/", ".")) and not Path(model).exists():
-        raise UsageError(f"--model {model}: no such path")
     try:
         check_installed(model)
     except ModelNotInstalledError as exc:
@@ -120,7 +208,9 @@ def engine_config_from_args(args: argparse.Namespace, **overrides: object) -> En
         levels=args.levels,
         device=args.device,
         log_file=args.log_file,
-        extra_args=list(getattr(args, "vllm_args", None) or []),
+        extra_args=vllm_args,
+        api_key=getattr(args, "engine_key", None),
+        tool_call_parser=None if args.no_tool_calling else args.tool_call_parser,
     )
     values.update(overrides)
     try:
@@ -131,22 +221,41 @@ def engine_config_from_args(args: argparse.Namespace, **overrides: object) -> En
     return config
 
 
+def tool_calling_summary(engine: EngineProcess) -> str:
+    """How the engine answers ``tools=``, in a few words for a ready line."""
+    parser = tool_call_parser(engine.config, engine.model)
+    if parser is not None:
+        return f"tool calling: {parser}"
+    if engine.config.tool_call_parser is None:
+        return "tool calling off"
+    return "tool calling off: no parser known for this model (--tool-call-parser NAME)"
+
+
 def run(args: argparse.Namespace) -> int:
     engine = EngineProcess(engine_config_from_args(args, echo=True))
+    if engine.config.api_key is None:
+        say(
+            f"warning: no --api-key: whoever reaches {engine.base_url} may set scheduling"
+            f" fields and use /autellix/v1/engine/* (fine on a laptop; else set --api-key"
+            f" or ${ENGINE_KEY_VARIABLE})"
+        )
     stop_on_signals()
     try:
         engine.start()
         engine.wait_healthy(args.startup_timeout)
-        print(
-            f"autellix engine: ready at {engine.base_url}/v1"
-            f" (model {engine.served_model_name!r}); Ctrl-C stops it",
-            file=sys.stderr,
+        say(
+            f"ready at {engine.base_url}/v1 (model {engine.served_model_name!r};"
+            f" {tool_calling_summary(engine)}); Ctrl-C stops it"
         )
         code = engine.process.wait() if engine.process else 0
-        print(f"autellix engine: vLLM server exited with code {code}", file=sys.stderr)
+        say(f"vLLM server exited with code {code}")
         return code or 1
     except EngineStartError as exc:
-        print(f"autellix engine: error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return 1
     finally:
         engine.stop()
+
+
+def say(message: str) -> None:
+    print(f"autellix engine: {message}", file=sys.stderr, flush=True)
