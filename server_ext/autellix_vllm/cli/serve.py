@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -224,13 +225,17 @@ def run(args: argparse.Namespace) -> int:
     if args.upstream:
         return run_over_upstreams(args)
     engine_key = args.engine_key or os.environ.get(ENGINE_KEY_VARIABLE) or secrets.token_urlsafe(32)
-    if args.log_dir is None and args.log_file is None:
-        args.log_dir = Path(tempfile.mkdtemp(prefix="autellix-serve-"))
     engine_configs = plan_engines(args, engine_key)
     # Checked before any engine starts: a bad router flag or a taken port must not
     # cost the minute an engine takes to start.
     router_config_from_args(args, ["http://127.0.0.1:1"], engine_key)
     check_port_free(args.host, args.port)
+    if args.log_dir is None and args.log_file is None:
+        log_dir = Path(tempfile.mkdtemp(prefix="autellix-serve-"))
+        engine_configs = [
+            dataclasses.replace(config, log_file=log_dir / f"engine-{i}.log")
+            for i, config in enumerate(engine_configs)
+        ]
     first = engine_configs[0]
     count = len(engine_configs)
     say(
