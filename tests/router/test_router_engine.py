@@ -75,36 +75,6 @@ async def test_session_api_opens_lists_and_ends_programs(engine, start_router):
         assert program_row((await request("GET", url + PROGRAMS))[1], local) is not None
 
 
-async def test_the_program_service_summed_by_the_router_reaches_the_engine(engine, start_router):
-    model = engine.served_model_name
-    program_id = unique("prior")
-    headers = {"X-Autellix-Program-Id": program_id}
-    async with start_router([engine]) as router:
-        url = router.url
-        for _ in range(2):
-            status, _ = await request(
-                "POST", url + "/v1/completions", json=completion(model, max_tokens=8),
-                headers=headers,
-            )  # fmt: skip
-            assert status == 200
-        router_service = program_row((await request("GET", url + PROGRAMS))[1], program_id)[
-            "service"
-        ]
-        # The engine forgets the program (as if its calls had run elsewhere) ...
-        status, _ = await engine_request(
-            engine, "DELETE", f"/autellix/v1/engine/programs/{program_id}"
-        )
-        assert status == 200
-        # ... and learns its service again from the router's X-Autellix-Prior-Service.
-        status, _ = await request(
-            "POST", url + "/v1/completions", json=completion(model, max_tokens=8),
-            headers=headers,
-        )  # fmt: skip
-        assert status == 200
-        on_engine = await engine_table(engine)
-        assert program_row(on_engine, program_id)["attained_service"] >= router_service + 8
-
-
 async def test_bad_input_gets_openai_errors_and_the_router_keeps_serving(engine, start_router):
     model = engine.served_model_name
     url_path = "/v1/chat/completions"

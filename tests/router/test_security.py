@@ -3,11 +3,11 @@ issue (issue 11), replayed against a real router on 127.0.0.1.
 
 Malformed HTTP and JSON, forged scheduling fields, owners and keys, call-id
 reuse, program limits, a flood of programs, a stream the client drops, a
-reset engine connection. Tests that need an engine's answers use the shared
-real engine (``engine`` marker, tests/conftest.py); a fake engine stands in
-only to inject a fault (a reset connection, an engine that holds its calls)
-or to record what the router sends (the engine key), which a real engine
-does not show.
+reset engine connection. Tests that need an engine's answers use a real
+engine (``engine`` marker): this module's own, with an engine key, as
+``autellix serve`` starts them. A fake engine stands in only to inject a
+fault (a reset connection, an engine that holds its calls) or to record what
+the router sends (the engine key), which a real engine does not show.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from router_http import (
     PROGRAMS,
     assert_openai_error,
     completion,
+    engine_request,
     engine_table,
     program_row,
     request,
@@ -409,22 +410,41 @@ async def test_a_flood_of_programs_is_capped_and_paged_without_stalling_the_rout
 # ---- call limits and call ids, on the real engine -------------------------------
 
 
+ENGINE_KEY = "security-suite-engine-key"
+
+
+@pytest.fixture(scope="module")
+def engine(running_engine):
+    """This module's real engine has an engine key, as ``autellix serve`` starts
+    them: it takes a prior service only from the key's holder, the router."""
+    with running_engine("security-engine", api_key=ENGINE_KEY) as process:
+        yield process
+
+
 @pytest.mark.engine
-async def test_a_forged_prior_service_never_reaches_the_engine(engine, start_router):
+async def test_only_the_routers_prior_service_reaches_the_engine(engine, start_router):
     model = engine.served_model_name
     program_id = unique("forged")
+    forged = {"X-Autellix-Program-Id": program_id, "X-Autellix-Prior-Service": "1e300"}
+    body = completion(model, max_tokens=8, vllm_xargs={"autellix_prior_service": 1e300})
     async with start_router([engine]) as router:
-        headers = {"X-Autellix-Program-Id": program_id, "X-Autellix-Prior-Service": "1e300"}
-        body = completion(model, vllm_xargs={"autellix_prior_service": 1e300})
+        post = router.url + "/v1/completions"
         for _ in range(2):
-            status, answer = await request(
-                "POST", router.url + "/v1/completions", json=body, headers=headers
-            )
+            status, answer = await request("POST", post, json=body, headers=forged)
             assert status == 200, answer
-        row = program_row((await request("GET", router.url + PROGRAMS))[1], program_id)
-    on_engine = await engine_table(engine)
-    attained = program_row(on_engine, program_id)["attained_service"]
-    assert 0 < attained < 1000 and row["service"] < 1000
+        service = program_row((await request("GET", router.url + PROGRAMS))[1], program_id)[
+            "service"
+        ]
+        attained = program_row(await engine_table(engine), program_id)["attained_service"]
+        assert attained == pytest.approx(service, rel=0.05)  # its work; never the forged 1e300
+        # The engine forgets the program (as if its calls had run elsewhere) ...
+        path = f"/autellix/v1/engine/programs/{program_id}"
+        assert (await engine_request(engine, "DELETE", path))[0] == 200
+        # ... and learns its service again from the router's X-Autellix-Prior-Service.
+        status, _ = await request("POST", post, json=body, headers=forged)
+        assert status == 200
+        attained = program_row(await engine_table(engine), program_id)["attained_service"]
+        assert service + 8 <= attained < 1000
 
 
 @pytest.mark.engine
