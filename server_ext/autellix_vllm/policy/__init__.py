@@ -11,7 +11,8 @@ the scheduling math exists exactly once:
 * balancers (``routing``): the locality-aware rule and its baselines, registered
   by name in ``BALANCERS``;
 * ``bounded``: the size-bounded maps and sets both process tables keep;
-* ``config``: levels, the service unit, and :class:`ProgramLimits`.
+* ``config``: levels, the service unit, and :class:`ProgramLimits`;
+* ``faults``: failures of a policy or an engine hook, confined to one call and counted.
 """
 
 from .config import DEFAULT_LIMITS, Levels, PolicyConfig, ProgramLimits, ServiceMeter

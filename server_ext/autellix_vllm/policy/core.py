@@ -18,10 +18,9 @@ Waiting is measured on a *wait clock* in the unit of service: engine steps for
 the token unit (a running call decodes one token per step) and seconds for the
 time unit, so the anti-starvation ratio compares like with like.
 
-The policy is consulted only through this class, and a policy that fails for
-one call never stops the scheduler: that call gets a neutral answer (it runs
-alone, ranks by its level, preempts nothing) and the failure is counted in
-:attr:`ProgramScheduler.faults`.
+A policy that fails for one call never stops the core: that call gets a
+neutral answer (it runs alone, ranks by its level, preempts nothing) and the
+failure is counted in :attr:`ProgramScheduler.faults`.
 """
 
 from __future__ import annotations
