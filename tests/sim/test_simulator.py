@@ -110,7 +110,7 @@ def test_mixed_holds_one_program_of_each_workload_per_shuffled_block():
     blocks = [kinds[i : i + 3] for i in range(0, 12, 3)]
     assert all(sorted(block) == ["bfcl", "lats", "sharegpt"] for block in blocks)
     assert len({tuple(block) for block in blocks}) > 1
-    assert WORKLOADS == tuple(WORKLOAD_SPECS) == ("sharegpt", "bfcl", "lats", "mixed")
+    assert WORKLOADS == tuple(WORKLOAD_SPECS) == ("sharegpt", "bfcl", "lats", "mixed", "agent")
 
 
 def test_a_workload_spec_is_a_generator_or_a_mix_of_them():
@@ -193,6 +193,9 @@ def test_trace_extra_keys_are_ignored(tmp_path):
         (["run", "--trace", "/no/such/file.jsonl"], "cannot read trace"),
         (["sweep", "--policies", "vllm,magic"], "unknown magic"),
         (["run", "--levels", "5,10"], "must start at 0"),
+        (["run", "--preset", "unit", "--kv-offload-gib", "1"], "has no KV size per token"),
+        (["run", "--max-context", "4096"], "workload sharegpt has no context limit"),
+        (["sweep", "--workload", "bfcl", "--max-context", "4096"], "has no context limit"),
     ],
 )
 def test_cli_rejects_bad_input_with_one_line(args, message):

@@ -12,8 +12,8 @@ from autellix_vllm.cli._arguments import checked
 from ..policy import BALANCER_NAMES, Levels, PolicyConfig, ServiceMeter
 from ..sim.presets import PRESETS
 from ..sim.run import SIM_POLICIES, simulate
-from ..workloads import WORKLOAD_SPECS, generate, get_workload
-from ..workloads.trace import TraceError, load_trace
+from ..workloads import AGENT_MAX_CONTEXT, WORKLOAD_SPECS, generate, get_workload
+from ..workloads.trace import load_trace
 
 
 def _positive(kind: type) -> Any:
@@ -60,6 +60,18 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engines", type=_positive(int), default=1)
     p.add_argument("--preset", choices=sorted(PRESETS), default="a100-llama8b")
     p.add_argument("--max-num-seqs", type=_positive(int), help="override the preset's batch")
+    p.add_argument(
+        "--kv-offload-gib",
+        type=_positive(float),
+        help="a host-memory KV tier of this many GiB per engine, as vLLM's CPU offloading"
+        " (--kv-offloading-size): evicted or preempted prefixes reload over PCIe",
+    )
+    p.add_argument(
+        "--max-context",
+        type=_positive(int),
+        help=f"longest context of a call, for workloads grown to the model's maximum (agent:"
+        f" default {AGENT_MAX_CONTEXT})",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--levels", type=checked(Levels.parse), help="level boundaries, e.g. 0,128,512")
     p.add_argument("--beta", type=_positive(float), help="anti-starvation threshold")
@@ -105,7 +117,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )
     sweep.add_argument("--lb", type=_names(list(BALANCER_NAMES)), default=["round-robin"])
     sweep.add_argument(
-        "--duration", type=_positive(float),
+        "--duration",
+        type=_positive(float),
         help=f"seconds of arrivals per trace (default: {_per_workload('sweep_seconds')};"
         " ignored with --programs)",
     )
@@ -131,15 +144,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     config = _config(args)
-    if args.trace:
-        try:
-            programs = load_trace(args.trace)
-        except TraceError as exc:
-            raise UsageError(str(exc)) from None
-    else:
-        n = args.programs or get_workload(args.workload).programs
-        programs = generate(args.workload, n, args.rate, args.seed)
     try:
+        if args.trace:
+            programs = load_trace(args.trace)
+        else:
+            n = args.programs or get_workload(args.workload).programs
+            programs = generate(args.workload, n, args.rate, args.seed, args.max_context)
         result = simulate(
             programs,
             args.policy,
@@ -148,6 +158,7 @@ def _run(args: argparse.Namespace) -> int:
             preset=args.preset,
             max_num_seqs=args.max_num_seqs,
             config=config,
+            kv_offload_gib=args.kv_offload_gib,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -163,25 +174,37 @@ def _sweep(args: argparse.Namespace) -> int:
 
     config = _config(args)
     keys = len(args.policies) * len(args.lb)
-    with tqdm(total=keys, desc=f"sweep {args.workload}", unit="policy", file=sys.stderr) as bar:
-        result, curves = sweep(
-            args.workload,
-            args.policies,
-            lbs=args.lb,
-            engines=args.engines,
-            preset=args.preset,
-            duration=args.duration,
-            programs=args.programs,
-            max_num_seqs=args.max_num_seqs,
-            seed=args.seed,
-            slo_factor=args.slo_factor,
-            config=config,
-            workers=args.workers,
-            on_done=lambda key: bar.update(1),
-        )
+    # The bar shows after half a second, so that a setting the sweep rejects at once
+    # is one line.
+    bar = tqdm(total=keys, desc=f"sweep {args.workload}", unit="policy", file=sys.stderr, delay=0.5)
+    with bar:
+        try:
+            result, curves = sweep(
+                args.workload,
+                args.policies,
+                lbs=args.lb,
+                engines=args.engines,
+                preset=args.preset,
+                duration=args.duration,
+                programs=args.programs,
+                max_num_seqs=args.max_num_seqs,
+                seed=args.seed,
+                slo_factor=args.slo_factor,
+                config=config,
+                workers=args.workers,
+                on_done=lambda key: bar.update(1),
+                kv_offload_gib=args.kv_offload_gib,
+                max_context=args.max_context,
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if args.plot:
-        plot(curves, result["slo"], f"{args.workload}, {args.preset}, {args.engines} engine(s)",
-             args.plot)
+        plot(
+            curves,
+            result["slo"],
+            f"{args.workload}, {args.preset}, {args.engines} engine(s)",
+            args.plot,
+        )
         result["plot"] = args.plot
     print_result(result, args.json)
     return 0

@@ -12,13 +12,24 @@ every ordering question, exactly as the vLLM scheduler subclass does:
    not fit (head-of-line blocking, as vLLM does).
 
 KV is counted in blocks. With prefix caching a finished or preempted call's
-blocks stay cached for its program (LRU across programs), so the program's next
-call on this engine prefills only what is new; on another engine it starts cold.
+blocks stay cached for its context (LRU across contexts; a program has one, plus
+one per subagent whose calls say so), so the context's next call on this engine
+prefills only what is new; on another engine it starts cold.
 
-A step with only decodes repeats identically until something changes, so the
-engine runs such stretches as one *macro step* of k steps (until the first
-completion, demotion, starvation promotion or block boundary, or an arrival,
-which truncates it). This is what makes a sweep run in seconds.
+With a host-memory tier (``EnginePreset.kv_offload_gib``), modelled on vLLM's
+CPU offloading connector: every block a call computes is also stored in host
+memory (write-through, an LRU of contexts), and a call whose prefix left the GPU
+but not the host loads it back over PCIe instead of recomputing it. The load is
+asynchronous, as in vLLM: the call holds its blocks but no seat while its KV
+streams in (one transfer at a time per engine), then joins the batch ahead of
+the waiting calls.
+
+A step with only decodes repeats until something changes, so the engine runs
+such stretches as one *macro step* of k steps (until the first completion,
+demotion, starvation promotion or block boundary, or an arrival or finished
+load, which truncates it). When decode cost grows with context, each step of it
+is longer than the one before by the context it added. This is what makes a
+sweep run in seconds.
 """
 
 from __future__ import annotations
@@ -56,13 +67,17 @@ class Job:
     prompt: int = 0  # at least one token, as in vLLM
     computed: int = 0  # tokens whose KV exists (prefix hit + prefilled + decoded)
     decoded: int = 0
-    hit_blocks: int = 0  # leading blocks shared with the program's cached prefix
+    hit_blocks: int = 0  # leading blocks shared with the context's cached prefix
     own_blocks: int = 0
     wait_since: float = 0.0
     wait_s: float = 0.0
+    ready_at: float = 0.0  # when its KV has loaded from the host tier
+    context: str = ""  # the prefix cache's key: the program, or one of its subagents
 
     def __post_init__(self) -> None:
         self.prompt = max(self.spec.prompt_tokens, 1)
+        pid = self.program.program_id
+        self.context = pid if self.spec.context is None else f"{pid}/{self.spec.context}"
 
     @property
     def missing(self) -> int:
@@ -79,10 +94,16 @@ def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-class KVPool:
-    """Blocks in use by running calls plus a per-program LRU prefix cache.
+def _prefix_blocks(cached: int, job: Job, block_size: int) -> int:
+    """Full blocks of ``job``'s prompt a cache of ``cached`` tokens of its context holds
+    (at least one token is always computed, as in vLLM)."""
+    return max(0, min(cached, job.missing - 1)) // block_size
 
-    A program's cache entry is the longest context of it that was computed here;
+
+class KVPool:
+    """Blocks in use by running calls plus a per-context LRU prefix cache.
+
+    A context's cache entry is the longest run of it that was computed here;
     entries whose blocks a running call shares (a prefix hit) are pinned.
     """
 
@@ -93,7 +114,7 @@ class KVPool:
         self.used = 0
         self.cached_blocks = 0
         self.pinned_blocks = 0
-        self.cache: OrderedDict[str, int] = OrderedDict()  # program -> cached tokens
+        self.cache: OrderedDict[str, int] = OrderedDict()  # context -> cached tokens
         self.pins: dict[str, int] = {}
         self.hit_tokens = 0
         self.prompt_tokens = 0
@@ -126,15 +147,14 @@ class KVPool:
         return True
 
     def hit(self, job: Job) -> int:
-        """Full blocks of ``job``'s prompt its program has cached here (at least one token
+        """Full blocks of ``job``'s prompt its context has cached here (at least one token
         is always computed, as in vLLM)."""
         if not self.prefix_caching:
             return 0
-        cached = self.cache.get(job.program.program_id, 0)
-        return max(0, min(cached, job.missing - 1)) // self.block_size
+        return _prefix_blocks(self.cache.get(job.context, 0), job, self.block_size)
 
     def admit(self, job: Job, hit_blocks: int) -> None:
-        pid = job.program.program_id
+        pid = job.context
         job.hit_blocks = hit_blocks
         job.computed = hit_blocks * self.block_size
         if hit_blocks:
@@ -160,7 +180,7 @@ class KVPool:
 
     def release(self, job: Job) -> None:
         """The job left the batch; with prefix caching its KV stays cached."""
-        pid = job.program.program_id
+        pid = job.context
         bs = self.block_size
         self.used -= job.own_blocks
         job.own_blocks = 0
@@ -183,15 +203,88 @@ class KVPool:
         job.computed = 0
 
 
+class HostTier:
+    """Host-memory copies of KV, as vLLM's CPU offloading keeps them.
+
+    Writes go through: every full block a call computes is also stored here, so
+    the entry of a context is the longest run of it any call computed (only full
+    blocks). Entries are evicted least recently used when the tier is full.
+    Loads back to the GPU go over one link, one transfer after another.
+    """
+
+    def __init__(self, capacity: int, block_size: int, seconds_per_token: float) -> None:
+        self.capacity = capacity
+        self.block_size = block_size
+        self.seconds_per_token = seconds_per_token
+        self.cache: OrderedDict[str, int] = OrderedDict()  # context -> stored tokens
+        self.blocks = 0
+        self.link_free_at = 0.0
+        self.reloaded_tokens = 0
+
+    def hit(self, job: Job) -> int:
+        """Full blocks of ``job``'s prompt stored here."""
+        return _prefix_blocks(self.cache.get(job.context, 0), job, self.block_size)
+
+    def store(self, context: str, tokens: int) -> int:
+        """Keep the full blocks of ``tokens`` of ``context``; returns the tokens now
+        stored for it (0 if it cannot fit even in an empty tier)."""
+        old = self.cache.pop(context, 0)
+        self.blocks -= old // self.block_size
+        stored = max(old, tokens // self.block_size * self.block_size)
+        need = stored // self.block_size
+        if need > self.capacity:
+            return 0
+        while self.blocks + need > self.capacity:
+            self.blocks -= self.cache.popitem(last=False)[1] // self.block_size
+        self.cache[context] = stored
+        self.blocks += need
+        return stored
+
+    def load(self, context: str, tokens: int, now: float) -> float:
+        """Move ``tokens`` of ``context``'s KV to the GPU after the transfers before it;
+        returns when it is done."""
+        self.cache.move_to_end(context)
+        self.link_free_at = max(now, self.link_free_at) + tokens * self.seconds_per_token
+        self.reloaded_tokens += tokens
+        return self.link_free_at
+
+
 @dataclass
 class Step:
-    """What one (macro) step runs, how long one step takes and how often it repeats."""
+    """What one (macro) step runs, how long its steps take and how often it repeats."""
 
     decodes: list[Job]
     prefills: list[tuple[Job, int]]  # job, prompt tokens computed this step
-    duration: float
+    duration: float  # of the first step
     repeat: int
     started: float
+    # Each further step of a macro step is this much longer: every decode adds a
+    # token of context that the next step reads.
+    growth: float = 0.0
+
+    def elapsed(self, steps: int) -> float:
+        """How long the first ``steps`` steps take."""
+        if not self.growth:
+            return self.duration * steps
+        return self.duration * steps + self.growth * steps * (steps - 1) / 2
+
+    @property
+    def end(self) -> float:
+        return self.started + self.elapsed(self.repeat)
+
+
+def steps_to_reach(amount: float, first: float, growth: float) -> int:
+    """The fewest steps whose sum reaches ``amount`` when the first step adds ``first``
+    and each further one ``growth`` more than the one before (a tolerance of 1e-9 of a
+    first step absorbs rounding)."""
+    if not growth:
+        return math.ceil(amount / first - 1e-9)
+    if amount <= 0:
+        return 0
+    # first * n + growth * n * (n - 1) / 2 = amount, solved for n in a form that
+    # stays exact as growth goes to 0.
+    b = first - growth / 2
+    return math.ceil(2 * amount / (math.sqrt(b * b + 2 * growth * amount) + b) - 1e-9)
 
 
 @dataclass
@@ -220,13 +313,22 @@ class SimEngine:
         core: ProgramScheduler,
         prefix_caching: bool,
         on_complete: Callable[[Job, float], None],
+        wake_at: Callable[[SimEngine, float], None],
     ) -> None:
         self.name = name
         self.preset = preset
         self.core = core
         self.kv = KVPool(preset.kv_blocks, preset.block_size, prefix_caching)
+        # vLLM's offloading connector finds host copies by the prefix cache's block hashes.
+        self.host = (
+            HostTier(preset.host_blocks, preset.block_size, preset.host_seconds_per_token)
+            if preset.host_blocks and prefix_caching
+            else None
+        )
         self.on_complete = on_complete
+        self.wake_at = wake_at  # asks for a step at a time: a load from the host is done
         self.running: list[Job] = []
+        self.loading: list[Job] = []  # admitted, KV loading from the host tier: no seat yet
         self.step: Step | None = None
         self.steps = 0
         self.preemptions = 0
@@ -234,7 +336,7 @@ class SimEngine:
 
     @property
     def load(self) -> int:
-        return len(self.running) + len(self.core.waiting)
+        return len(self.running) + len(self.loading) + len(self.core.waiting)
 
     # ---- arrival -----------------------------------------------------------------
 
@@ -263,13 +365,18 @@ class SimEngine:
         """
         self._free_seats_for_waiters(now)
         batch = _Batch(self.preset.token_budget)
-        if not self._schedule_running(batch, now):
+        preempted = self._schedule_running(batch, now)
+        if not preempted:
             self._schedule_waiting(batch, now)
-        return self._start(batch, now)
+        # A step that skipped admission is not repeated: the next one may admit.
+        skipped = preempted and bool(self.core.waiting or self.loading)
+        return self._start(batch, now, steady=not (skipped and self.preset.exact_macro_steps))
 
     def _free_seats_for_waiters(self, now: float) -> None:
-        """Preempt the running calls that better waiting calls displace from a full batch."""
-        for victim in self.core.victims([j.call for j in self.running], self._free_seats()):
+        """Preempt the running calls that better waiting calls displace from a full batch
+        (calls whose KV has loaded take their seats first)."""
+        free = self._free_seats() - len(self._loaded(now))
+        for victim in self.core.victims([j.call for j in self.running], free):
             self._preempt(victim.payload, now)
 
     def _schedule_running(self, batch: _Batch, now: float) -> bool:
@@ -303,41 +410,119 @@ class SimEngine:
 
     def _schedule_waiting(self, batch: _Batch, now: float) -> None:
         """Admit waiting calls in rank order while seats, budget and blocks last; the
-        first that does not fit stops admission (head-of-line blocking, as in vLLM)."""
+        first that does not fit stops admission (head-of-line blocking, as in vLLM).
+        Calls whose KV has loaded from the host go first, as vLLM drains them first."""
+        if not self._resume_loaded(batch, now):
+            return
         core = self.core
         while batch.budget > 0 and self._free_seats() > 0 and core.waiting:
             job = core.peek().payload
-            self.kv.admit(job, self.kv.hit(job))
+            hit = self.kv.hit(job)
+            reload = self.host.hit(job) - hit if self.host else 0
+            self.kv.admit(job, hit)
+            if reload > 0:
+                if not self._start_load(job, reload * self.kv.block_size, now):
+                    break
+                continue
             tokens = min(job.missing, batch.budget)
             if not self.kv.grow(job, tokens):
                 self.kv.release(job)  # back out: it waits for blocks
                 break
             core.start(job.call)
-            self.kv.hit_tokens += job.computed
-            self.kv.prompt_tokens += job.computed + job.missing
-            job.wait_s += now - job.wait_since
-            self.running.append(job)
-            batch.add(job, tokens)
+            self._count_prompt(job)
+            self._run(job, tokens, batch, now)
 
-    def _start(self, batch: _Batch, now: float) -> Step | None:
-        """Time the batch as one step, or as a macro step of identical decode steps."""
+    def _count_prompt(self, job: Job) -> None:
+        """Prefix-cache statistics of an admitted call: its GPU hit and its prompt."""
+        self.kv.hit_tokens += job.computed
+        self.kv.prompt_tokens += job.computed + job.missing
+
+    def _run(self, job: Job, tokens: int, batch: _Batch, now: float) -> None:
+        job.wait_s += now - job.wait_since
+        self.running.append(job)
+        batch.add(job, tokens)
+
+    def _start_load(self, job: Job, tokens: int, now: float) -> bool:
+        """Admit ``job`` to load ``tokens`` of its prefix from the host tier; False if the
+        blocks for them and its first chunk are not there (it keeps waiting)."""
+        first_chunk = min(job.missing - tokens, self.preset.token_budget)
+        if not self.kv.grow(job, tokens + first_chunk):
+            self.kv.release(job)
+            return False
+        assert self.host is not None
+        self.core.start(job.call)
+        self._count_prompt(job)
+        job.computed += tokens
+        job.ready_at = self.host.load(job.context, tokens, now)
+        self.loading.append(job)
+        self.wake_at(self, job.ready_at)
+        return True
+
+    def _loaded(self, now: float) -> list[Job]:
+        """Calls whose KV has loaded, best first."""
+        rank = self.core.policy.rank
+        return sorted((j for j in self.loading if j.ready_at <= now), key=lambda j: rank(j.call))
+
+    def _resume_loaded(self, batch: _Batch, now: float) -> bool:
+        """Seat the calls whose KV has loaded; False if one of them still does not fit."""
+        for job in self._loaded(now):
+            if batch.budget <= 0 or self._free_seats() <= 0:
+                return False
+            tokens = min(job.missing, batch.budget)
+            if not self.kv.grow(job, tokens):
+                return False
+            self.loading.remove(job)
+            self._run(job, tokens, batch, now)
+        return True
+
+    def _start(self, batch: _Batch, now: float, steady: bool) -> Step | None:
+        """Time the batch as one step, or (if ``steady``) as a macro step of decode steps."""
         if not batch.decodes and not batch.prefills:
-            if self.running or self.core.waiting:
+            if not any(job.ready_at > now for job in self.loading) and (
+                self.running or self.core.waiting or self.loading
+            ):
                 raise RuntimeError(f"engine {self.name}: a call does not fit in an empty engine")
-            self.step = None
+            self.step = None  # idle, or until a load from the host tier is done
             return None
+        preset = self.preset
         prefill_tokens = sum(n for _, n in batch.prefills)
-        duration = self.preset.step_time(len(batch.decodes), prefill_tokens)
-        repeat = self._steady_steps(batch.decodes, duration) if not batch.prefills else 1
-        self.step = Step(batch.decodes, batch.prefills, duration, repeat, now)
+        # Decodes read their whole context's KV; a prefill chunk attends to its
+        # prefix and, causally, to itself.
+        context = sum(j.computed + 1 for j in batch.decodes) if preset.per_context_token else 0
+        pairs = (
+            sum(n * job.computed + n * (n + 1) // 2 for job, n in batch.prefills)
+            if preset.per_prefill_pair
+            else 0
+        )
+        duration = preset.step_time(len(batch.decodes), prefill_tokens, context, pairs)
+        growth = preset.per_context_token * len(batch.decodes)
+        steady = steady and not batch.prefills
+        repeat = self._steady_steps(batch.decodes, duration, growth) if steady else 1
+        self.step = Step(batch.decodes, batch.prefills, duration, repeat, now, growth)
         return self.step
 
-    def truncate(self, now: float) -> bool:
-        """An arrival at ``now``: end the current macro step at the next step boundary."""
+    def catch_up(self, now: float) -> bool:
+        """Before a call arrives at ``now`` during a macro step: apply the steps that
+        ended before ``now`` and start the one in progress, so that the call waits
+        from the wait clock of that step, as with single steps. True if the current
+        step changed (its end too)."""
         step = self.step
         if step is None or step.repeat == 1:
             return False
-        done = max(1, math.ceil((now - step.started) / step.duration - 1e-9))
+        ended = max(1, steps_to_reach(now - step.started, step.duration, step.growth)) - 1
+        if ended == 0 or ended >= step.repeat:
+            return False
+        step.repeat = ended
+        self.begin_step(self.finish_step())
+        return True
+
+    def truncate(self, now: float) -> bool:
+        """An arrival (or a finished load) at ``now``: end the current macro step at the
+        next step boundary."""
+        step = self.step
+        if step is None or step.repeat == 1:
+            return False
+        done = max(1, steps_to_reach(now - step.started, step.duration, step.growth))
         if done >= step.repeat:
             return False
         step.repeat = done
@@ -346,16 +531,16 @@ class SimEngine:
     @property
     def step_end(self) -> float:
         assert self.step is not None
-        return self.step.started + self.step.duration * self.step.repeat
+        return self.step.end
 
     def finish_step(self) -> float:
         """Apply the current step's work; returns the time it ended."""
         step = self.step
         assert step is not None
         core, k = self.core, step.repeat
-        now = step.started + step.duration * k
+        now = step.end
         # Engine time is split among the calls by their share of the step's tokens.
-        per_token = step.duration * k / (len(step.decodes) + sum(n for _, n in step.prefills))
+        per_token = step.elapsed(k) / (len(step.decodes) + sum(n for _, n in step.prefills))
         self.steps += k
         finished = []
         for job, tokens in step.prefills:
@@ -376,7 +561,7 @@ class SimEngine:
         core.advance(now, steps=k)
         for job in finished:
             self.running.remove(job)
-            self.kv.release(job)
+            self._release(job)
             core.finish(job.call, now)
             self.on_complete(job, now)
         self.step = None
@@ -387,30 +572,46 @@ class SimEngine:
     def _free_seats(self) -> int:
         return self.preset.max_num_seqs - len(self.running)
 
+    def _release(self, job: Job) -> int:
+        """``job`` leaves the batch; its KV goes to the prefix cache and the host tier.
+        Returns the tokens of it the host tier holds."""
+        kept = min(job.computed, self.host.store(job.context, job.computed)) if self.host else 0
+        self.kv.release(job)
+        return kept
+
     def _preempt(self, job: Job, now: float) -> None:
         self.running.remove(job)
-        self.recomputed_tokens += job.computed
-        self.kv.release(job)
+        # What the host tier keeps is reloaded, not recomputed.
+        self.recomputed_tokens += job.computed - self._release(job)
         self.preemptions += 1
         job.wait_since = now
         self.core.preempt(job.call)
 
-    def _steady_steps(self, plan: list[Job], duration: float) -> int:
-        """How many identical decode-only steps can run before anything changes."""
+    def _steady_steps(self, plan: list[Job], duration: float, growth: float) -> int:
+        """How many decode-only steps (the first ``duration`` long, each next one
+        ``growth`` longer) can run before anything changes."""
         core = self.core
         k = min(job.decode_left for job in plan)
-        # Enough free blocks for every job to cross its block boundaries?
+        # Enough blocks for every job to cross its block boundaries? While a call
+        # waits for blocks with a seat free, only free ones: evicting a cached prefix
+        # changes what the waiter needs, and may let it in.
         bs = self.kv.block_size
-        k = min(k, max(1, (self.kv.reclaimable // len(plan)) * bs))
+        blocks = self.kv.reclaimable
+        if self.preset.exact_macro_steps and core.waiting and self._free_seats() > 0:
+            blocks = self.kv.free
+        k = min(k, max(1, (blocks // len(plan)) * bs))
         if core.waiting:
             # A demotion or a starvation promotion may let a waiter preempt.
+            # Service per call in the first step, and how much more in each next one.
             per_step = core.meter.amount(1, 0, duration / len(plan))
+            per_step_growth = core.meter.amount(0, 0, growth / len(plan))
             for job in plan:
                 left = core.next_demotion(job.call)
                 if left != math.inf:
-                    k = min(k, max(1, math.ceil(left / per_step - 1e-9)))
+                    k = min(k, max(1, steps_to_reach(left, per_step, per_step_growth)))
             deadline = core.next_promotion()
             if deadline is not None:
-                clock_step = duration if core.meter.unit == "time" else 1.0
-                k = min(k, max(1, math.ceil((deadline - core.clock) / clock_step - 1e-9)))
+                timed = core.meter.unit == "time"
+                clock_step, clock_growth = (duration, growth) if timed else (1.0, 0.0)
+                k = min(k, max(1, steps_to_reach(deadline - core.clock, clock_step, clock_growth)))
         return max(1, k)

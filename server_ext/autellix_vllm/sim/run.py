@@ -3,7 +3,8 @@
 Discrete events: a call *arrives* (its program started, or the calls it waits
 for completed and its tool gap elapsed), is routed to an engine by the
 balancer, and waits there; an engine *starts* a step when it has work and
-*ends* it after the step's simulated duration. The router's view is emulated
+*ends* it after the step's simulated duration; an engine *wakes* when a call's
+KV has loaded from its host tier. The router's view is emulated
 too: each call carries its program's service summed over all engines as prior
 service, as the real router passes it in ``X-Autellix-Prior-Service``.
 
@@ -45,7 +46,8 @@ SIM_POLICIES: dict[str, tuple[str, bool]] = {
     **{name: (name, True) for name in POLICY_NAMES if name != "fcfs"},
 }
 
-_ARRIVE, _START, _END = 0, 1, 2  # same-time order: arrivals first, then steps
+# Same-time order: arrivals first, then finished loads, then steps.
+_ARRIVE, _WAKE, _START, _END = 0, 1, 2, 3
 
 
 _CHECK_EVERY = 512  # events between two looks at the latency bound
@@ -117,11 +119,13 @@ class Simulation:
         config: PolicyConfig | None,
         locality_threshold: int,
         stop_above: float | None,
+        kv_offload_gib: float | None = None,
     ) -> None:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy, "policy")
         if engines < 1:
             raise ValueError("need at least one engine")
         spec = get_preset(preset).with_max_num_seqs(max_num_seqs)
+        spec = spec.with_kv_offload_gib(kv_offload_gib)
         config = config or PolicyConfig()
         self.balancer = make_balancer(lb, locality_threshold)
         self.started = time.perf_counter()
@@ -146,6 +150,7 @@ class Simulation:
                 ),
                 prefix_caching,
                 self._complete,
+                self._post_wake,
             )
             for i in range(engines)
         ]
@@ -202,6 +207,8 @@ class Simulation:
                 return stopped
             if kind == _ARRIVE:
                 self._arrive(subject, t)
+            elif kind == _WAKE:
+                self._wake(subject, t)
             elif kind == _START:
                 self._start_step(subject, t)
             else:
@@ -209,19 +216,28 @@ class Simulation:
         return SimResult(*self._metrics())
 
     def _arrive(self, job: Job, now: float) -> None:
-        """Route the call and queue it on its engine. An idle engine starts a step once
-        every arrival at this instant is in; a busy one cuts its macro step short."""
+        """Route the call and queue it on its engine."""
         self.jobs.append(job)
         program_id = job.program.program_id
         route = self.balancer.choose(
             program_id, job.spec.prompt_tokens, [EngineLoad(e.name, e.load) for e in self.engines]
         )
         engine = self.engines[route.index]
+        if engine.preset.exact_macro_steps and engine.catch_up(now):
+            self._post_end(engine)
         engine.submit(job, now, self.global_service.get(program_id, 0.0))
+        self._wake(engine, now)
+
+    def _wake(self, engine: SimEngine, now: float) -> None:
+        """``engine`` has new work at ``now``: an idle one starts a step once every event
+        at this instant is in; a busy one cuts its macro step short."""
         if engine.step is None:
             self._post_start(engine, now)
         elif engine.truncate(now):
             self._post_end(engine)
+
+    def _post_wake(self, engine: SimEngine, t: float) -> None:
+        self._post(t, _WAKE, engine)
 
     def _start_step(self, engine: SimEngine, now: float) -> None:
         self.start_posted.discard(engine)
@@ -312,6 +328,9 @@ class Simulation:
             "engine_steps": sum(e.steps for e in sims),
             "sim_seconds": time.perf_counter() - self.started,
         }
+        hosts = [e.host for e in sims if e.host is not None]
+        if hosts:
+            metrics["reloaded_tokens"] = sum(h.reloaded_tokens for h in hosts)
         return metrics, lpt
 
 
@@ -326,12 +345,15 @@ def simulate(
     config: PolicyConfig | None = None,
     locality_threshold: int = 2048,
     stop_above: float | None = None,
+    kv_offload_gib: float | None = None,
 ) -> SimResult:
     """Run ``programs`` to completion and report the paper's metrics.
 
     With ``stop_above``, stop as soon as the average latency per token is sure
     to exceed it; the metrics then hold ``stopped_early: True`` and, as
     ``avg_latency_per_token``, the lower bound that crossed the line.
+    ``kv_offload_gib`` gives every engine a host-memory KV tier of that size
+    (None: the preset's); the metrics then count ``reloaded_tokens``.
     """
     return Simulation(
         programs,
@@ -343,4 +365,5 @@ def simulate(
         config=config,
         locality_threshold=locality_threshold,
         stop_above=stop_above,
+        kv_offload_gib=kv_offload_gib,
     ).run()

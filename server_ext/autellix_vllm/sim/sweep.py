@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..policy import PolicyConfig
@@ -47,10 +47,12 @@ class SweepSetup:
     duration: float
     programs: int | None = None  # a fixed count instead of a fixed window
     slo: float = 0.0
+    kv_offload_gib: float | None = None  # a host KV tier (None: the preset's)
+    max_context: int | None = None  # the workload's context cap (None: its default)
 
     def trace(self, rate: float) -> list[ProgramSpec]:
         count = self.programs or max(1, round(rate * self.duration))
-        return generate(self.workload, count, rate, self.seed)
+        return generate(self.workload, count, rate, self.seed, self.max_context)
 
 
 @dataclass
@@ -71,6 +73,7 @@ def _run(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]
         max_num_seqs=setup.max_num_seqs,
         config=setup.config,
         stop_above=setup.slo or None,  # no SLO yet while measuring it
+        kv_offload_gib=setup.kv_offload_gib,
     ).metrics
 
 
@@ -79,7 +82,7 @@ def capacity_rate(setup: SweepSetup) -> float:
     preset = get_preset(setup.preset).with_max_num_seqs(setup.max_num_seqs)
     seqs = preset.max_num_seqs
     tokens_per_s = seqs / preset.step_time(seqs, 0) * setup.engines
-    sample = generate(setup.workload, 300, 1.0, setup.seed)
+    sample = generate(setup.workload, 300, 1.0, setup.seed, setup.max_context)
     mean_decode = sum(p.decode_tokens for p in sample) / len(sample)
     return tokens_per_s / mean_decode
 
@@ -133,28 +136,27 @@ def sweep(
     config: PolicyConfig | None = None,
     workers: int = 2,
     on_done: Callable[[str], None] | None = None,
+    kv_offload_gib: float | None = None,
+    max_context: int | None = None,
 ) -> tuple[dict[str, Any], list[Curve]]:
     """Max rate within the SLO for every policy (and balancer); see the module doc."""
     if not policies or not lbs:
         raise ValueError("name at least one policy and one load balancer")
     if slo_factor <= 1:
         raise ValueError("the SLO factor must be > 1")
-    window = duration or get_workload(workload).sweep_seconds
+    spec = get_workload(workload)
+    window = duration or spec.sweep_seconds
     setup = SweepSetup(
-        workload, seed, engines, preset, max_num_seqs, config or PolicyConfig(), window, programs
-    )
+        workload, seed, engines, preset, max_num_seqs, config or PolicyConfig(), window, programs,
+        kv_offload_gib=kv_offload_gib, max_context=max_context,
+    )  # fmt: skip
     cap = capacity_rate(setup)
     runs = [(p if len(lbs) == 1 else f"{p}/{lb}", p, lb) for p in policies for lb in lbs]
     # Unloaded: programs ~20x further apart than the engines can serve them.
-    low = cap / 20
-    unloaded = _run(
-        SweepSetup(workload, seed, engines, preset, max_num_seqs, setup.config, 100 / low),
-        runs[0][1], runs[0][2], low,
-    )
+    low = spec.unloaded_rate or cap / 20
+    unloaded = _run(replace(setup, duration=100 / low, programs=None), runs[0][1], runs[0][2], low)
     slo = slo_factor * unloaded["avg_latency_per_token"]
-    setup = SweepSetup(
-        workload, seed, engines, preset, max_num_seqs, setup.config, window, programs, slo
-    )
+    setup = replace(setup, slo=slo)
     curves: list[Curve] = []
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
@@ -177,6 +179,8 @@ def sweep(
         "max_rate": {c.key: c.max_rate for c in curves},
         "ratio": {c.key: (c.max_rate / first if first else math.inf) for c in curves},
         "censored": [c.key for c in curves if c.censored],
+        **({"kv_offload_gib": kv_offload_gib} if kv_offload_gib is not None else {}),
+        **({"max_context": max_context} if max_context is not None else {}),
     }, curves
 
 

@@ -4,10 +4,11 @@ One source of programs for everything that replays them: the simulator
 (``autellix simulate``) and the real-engine benchmarks (``autellix bench``).
 Every workload is a :class:`WorkloadSpec` in :data:`WORKLOAD_SPECS`
 (``generators``); its programs come from a family module (``conversations``,
-``tree_search``) built on the distributions in ``sampling``.
+``tree_search``, ``agent_sessions``) built on the distributions in ``sampling``.
 """
 
 from .generators import (
+    AGENT_MAX_CONTEXT,
     MAX_CONTEXT,
     WORKLOAD_SPECS,
     WORKLOADS,
@@ -19,6 +20,7 @@ from .generators import (
 from .trace import CallSpec, ProgramSpec, TraceError, load_trace, write_trace
 
 __all__ = [
+    "AGENT_MAX_CONTEXT",
     "MAX_CONTEXT",
     "WORKLOADS",
     "WORKLOAD_SPECS",

@@ -1,15 +1,19 @@
 """The named workloads and the seeded traces they generate.
 
-The statistics follow the paper's Table 2:
+The statistics of the first four follow the paper's Table 2:
 
-=========  ==============  ===============  =====================  ============
-workload   threads         calls/program    prompt (new) / decode  tool gap
-=========  ==============  ===============  =====================  ============
-sharegpt   single          mean 6.66, <=80  256 new/turn / 277     none
-bfcl       single          mean 10.75, <=70 400 system + 60 / 34   exp, 0.5 s
-lats       fork/join tree  mean ~160        350 + path / 72        exp, 0.05 s
+=========  ================  ===============  ======================  =================
+workload   threads           calls/program    prompt (new) / decode   tool gap
+=========  ================  ===============  ======================  =================
+sharegpt   single            mean 6.66, <=80  256 new/turn / 277      none
+bfcl       single            mean 10.75, <=70 400 system + 60 / 34    exp, 0.5 s
+lats       fork/join tree    mean ~160        350 + path / 72         exp, 0.05 s
 mixed      an equal mix of the three
-=========  ==============  ===============  =====================  ============
+agent      main + subagents  median 42 turns  8k system + 1.5k / 230  86% < 1 s, <= 300 s
+=========  ================  ===============  ======================  =================
+
+``agent`` follows 2026 coding-agent traffic instead (module ``agent_sessions``):
+its contexts grow to the model's maximum.
 
 Calls per program follow a truncated power law (heavy-tailed, as in the paper's
 distributions); token counts are log-normal. A call's prompt is its program's
@@ -20,10 +24,11 @@ the rate or the count: a longer trace extends a shorter one, and another rate
 only scales the arrival times.
 
 A workload is a :class:`WorkloadSpec` in :data:`WORKLOAD_SPECS`: how one
-program is generated (a function of the family modules ``conversations`` and
-``tree_search``, or a mix of other workloads) and the defaults the commands use
-for it. Adding one there is all a new workload needs; the CLIs, the sweep and
-the benchmarks take their choices and defaults from it.
+program is generated (a function of the family modules ``conversations``,
+``tree_search`` and ``agent_sessions``, or a mix of other workloads) and the
+defaults the commands use for it. Adding one there is all a new workload
+needs; the CLIs, the sweep and the benchmarks take their choices and defaults
+from it.
 """
 
 from __future__ import annotations
@@ -34,16 +39,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..registry import lookup
+from .agent_sessions import AGENT_MAX_CONTEXT, agent
 from .conversations import MAX_CONTEXT, bfcl, sharegpt
 from .trace import CallSpec, ProgramSpec
 from .tree_search import lats
 
 __all__ = [
+    "AGENT_MAX_CONTEXT",
     "MAX_CONTEXT",
     "WORKLOADS",
     "WORKLOAD_SPECS",
     "ProgramGenerator",
     "WorkloadSpec",
+    "agent",
     "at_rate",
     "bfcl",
     "generate",
@@ -53,8 +61,9 @@ __all__ = [
 ]
 
 # One program's calls, drawn from the workload's content generator; the id
-# prefixes its call ids.
-ProgramGenerator = Callable[[random.Random, str], tuple[CallSpec, ...]]
+# prefixes its call ids. A workload with ``max_context`` also passes it the
+# longest context a call may have, as a third argument.
+ProgramGenerator = Callable[..., tuple[CallSpec, ...]]
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,13 @@ class WorkloadSpec:
     # An equal mix of these workloads: every block of len(mix) programs holds
     # one of each, in shuffled order.
     mix: tuple[WorkloadSpec, ...] = ()
+    # For contexts that grow to the model's maximum: the default longest context
+    # (prompt and output) of a call, which ``generate(max_context=...)`` overrides.
+    max_context: int | None = None
+    # Programs per second at which `simulate sweep` measures the unloaded latency
+    # (None: 1/20 of the engines' nominal capacity). For workloads whose rate the KV,
+    # not compute, bounds: at 1/20 of the compute capacity they already thrash.
+    unloaded_rate: float | None = None
 
     def __post_init__(self) -> None:
         if (self.program is None) == (not self.mix):
@@ -88,11 +104,15 @@ class WorkloadSpec:
             rng.shuffle(block)
             yield from reversed(block)
 
-    def calls(self, rng: random.Random, program_id: str) -> tuple[CallSpec, ...]:
+    def calls(
+        self, rng: random.Random, program_id: str, max_context: int | None = None
+    ) -> tuple[CallSpec, ...]:
         """One program's calls (a mix has none of its own: :meth:`parts` picks them)."""
         if self.program is None:
             raise TypeError(f"workload {self.name!r} is a mix: generate from its parts")
-        return self.program(rng, program_id)
+        if self.max_context is None:
+            return self.program(rng, program_id)
+        return self.program(rng, program_id, max_context or self.max_context)
 
 
 _SINGLE_KIND = (
@@ -117,6 +137,11 @@ WORKLOAD_SPECS: dict[str, WorkloadSpec] = {
             "mixed", "an equal mix of sharegpt, bfcl and lats", programs=300,
             sweep_seconds=150.0, mix=_SINGLE_KIND,
         ),
+        WorkloadSpec(
+            "agent", "coding-agent sessions: contexts grow to the model's maximum, subagents",
+            programs=40, sweep_seconds=6000.0, program=agent, max_context=AGENT_MAX_CONTEXT,
+            unloaded_rate=0.001,
+        ),
     )
 }  # fmt: skip
 WORKLOADS = tuple(WORKLOAD_SPECS)
@@ -126,13 +151,24 @@ def get_workload(name: str) -> WorkloadSpec:
     return lookup(WORKLOAD_SPECS, name, "workload")
 
 
-def generate(workload: str, programs: int, rate: float, seed: int = 0) -> list[ProgramSpec]:
-    """``programs`` programs of ``workload`` with Poisson arrivals at ``rate`` per second."""
+def generate(
+    workload: str, programs: int, rate: float, seed: int = 0, max_context: int | None = None
+) -> list[ProgramSpec]:
+    """``programs`` programs of ``workload`` with Poisson arrivals at ``rate`` per second.
+
+    ``max_context`` caps the contexts of a workload that grows them to the model's
+    maximum (``agent``; None: its default).
+    """
     spec = get_workload(workload)
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
     if programs < 1:
         raise ValueError(f"need at least one program, got {programs}")
+    if max_context is not None:
+        if all(part.max_context is None for part in (*spec.mix, spec)):
+            raise ValueError(f"workload {workload} has no context limit to set")
+        if max_context < 2:
+            raise ValueError(f"max_context must be at least 2 tokens, got {max_context}")
     content = random.Random(f"{workload}/{seed}/content")
     arrivals = random.Random(f"{workload}/{seed}/arrivals")
     parts = spec.parts(content)
@@ -140,7 +176,8 @@ def generate(workload: str, programs: int, rate: float, seed: int = 0) -> list[P
     for i in range(programs):
         part = next(parts)
         pid = f"{part.name}-{i}"
-        out.append(ProgramSpec(pid, t / rate, part.calls(content, pid), kind=part.name))
+        calls = part.calls(content, pid, max_context)
+        out.append(ProgramSpec(pid, t / rate, calls, kind=part.name))
         t += arrivals.expovariate(1.0)
     return out
 

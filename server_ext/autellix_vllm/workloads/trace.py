@@ -8,7 +8,10 @@ One program per line::
 
 A call starts ``tool_gap`` seconds after every call in ``after`` has completed
 (an empty ``after`` means at the program's arrival), so chains, forks and joins
-are all expressible. Extra keys are allowed and ignored.
+are all expressible. A call's prompt extends the program's one context (the
+token sequence its prefix cache holds) unless it names another with
+``"context"``, as a subagent with a fresh context of its own does. Extra keys are
+allowed and ignored.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class CallSpec:
     parent_thread: str | None = None
     after: tuple[str, ...] = ()
     tool_gap: float = 0.0
+    # Which of its program's contexts the prompt extends (None: the program's own).
+    context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,20 +62,24 @@ class ProgramSpec:
                 "program_id": self.program_id,
                 "arrival": self.arrival,
                 "kind": self.kind,
-                "calls": [
-                    {
-                        "id": c.id,
-                        "thread": c.thread,
-                        "parent_thread": c.parent_thread,
-                        "after": list(c.after),
-                        "prompt_tokens": c.prompt_tokens,
-                        "decode_tokens": c.decode_tokens,
-                        "tool_gap": c.tool_gap,
-                    }
-                    for c in self.calls
-                ],
+                "calls": [_call_json(c) for c in self.calls],
             }
         )
+
+
+def _call_json(call: CallSpec) -> dict[str, Any]:
+    out = {
+        "id": call.id,
+        "thread": call.thread,
+        "parent_thread": call.parent_thread,
+        "after": list(call.after),
+        "prompt_tokens": call.prompt_tokens,
+        "decode_tokens": call.decode_tokens,
+        "tool_gap": call.tool_gap,
+    }
+    if call.context is not None:
+        out["context"] = call.context
+    return out
 
 
 def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -116,6 +125,9 @@ def parse_program(obj: Any, where: str) -> ProgramSpec:
         if isinstance(gap, bool) or not isinstance(gap, int | float) or gap < 0:
             raise TraceError(f"{at}: tool_gap must be a number >= 0")
         parent = raw.get("parent_thread")
+        context = raw.get("context")
+        if context is not None and not isinstance(context, str):
+            raise TraceError(f"{at}: 'context' must be a string")
         calls.append(
             CallSpec(
                 id=cid,
@@ -125,6 +137,7 @@ def parse_program(obj: Any, where: str) -> ProgramSpec:
                 parent_thread=None if parent is None else str(parent),
                 after=after,
                 tool_gap=float(gap),
+                context=context,
             )
         )
         seen.add(cid)
