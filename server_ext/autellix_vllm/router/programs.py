@@ -127,6 +127,8 @@ class ProgramLimitExceeded(ApiError):
 
 @dataclass
 class Page:
+    """One page of the programs a caller may see (``ProgramTable.page``)."""
+
     records: list[ProgramRecord]
     total: int  # programs the caller may see
     next_after: int | None  # the ``after`` of the next page; None on the last page
@@ -161,8 +163,9 @@ class OpeningOrder:
             self._gone = 0
 
     def page(self, after: int | None, limit: int) -> tuple[list[ProgramRecord], int | None]:
-        start = 0 if after is None else bisect.bisect_right(self._records, after,
-                                                            key=lambda r: r.seq)  # fmt: skip
+        start = 0
+        if after is not None:
+            start = bisect.bisect_right(self._records, after, key=lambda r: r.seq)
         found: list[ProgramRecord] = []
         for index in range(start, len(self._records)):
             record = self._records[index]
