@@ -332,9 +332,9 @@ class Dispatcher:
                 status=200, headers={**_passed_back(upstream.headers), "Cache-Control": "no-cache"}
             )
             outcome.engine, outcome.response = engine, response
-            await response.prepare(request)
             outcome.relay = SseRelay(response, self.meter, drop_usage=call.usage_injected)
             try:
+                await response.prepare(request)
                 outcome.completed = await self._relay(outcome.relay, upstream, first, engine)
                 await response.write_eof()
             except _CLIENT_GONE:
