@@ -98,7 +98,7 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
         "--chars-per-token", "--api-key", "--max-body-mb", "--health-interval", "--max-attempts",
         "--allow-remote-upstreams", "--startup-timeout", "--policy", "--beta", "--levels",
         "--tool-call-parser", "--no-tool-calling", "--engine-key", "--api-keys-file",
-        "--admin-key",
+        "--admin-key", "--max-programs", "--max-programs-per-key",
     ),
     "ps": ("--url", "--api-key", "--json"),
     "top": ("--url", "--api-key", "--interval", "--iterations"),

@@ -185,6 +185,21 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest request body accepted, in MiB",
     )
     parser.add_argument(
+        "--max-programs",
+        type=int,
+        default=RouterConfig.max_programs,
+        metavar="N",
+        help="programs the router's table holds in all; a new one past it gets 429"
+        " too_many_programs (idle programs are dropped first)",
+    )
+    parser.add_argument(
+        "--max-programs-per-key",
+        type=int,
+        default=RouterConfig.max_programs_per_key,
+        metavar="N",
+        help="programs one key may have open at once; a new one past it gets 429",
+    )
+    parser.add_argument(
         "--health-interval", type=float, default=1.0, help="seconds between engine probes"
     )
     parser.add_argument(
@@ -211,6 +226,8 @@ def router_config_from_args(
             admin_key=args.admin_key,
             engine_key=engine_key,
             max_body_bytes=int(args.max_body_mb * 2**20),
+            max_programs=args.max_programs,
+            max_programs_per_key=args.max_programs_per_key,
             health_interval_s=args.health_interval,
             max_attempts=args.max_attempts,
             allow_remote_upstreams=args.allow_remote_upstreams,
