@@ -34,6 +34,7 @@ def test_bad_bodies_are_4xx_with_a_param():
     assert (missing.status, missing.code, missing.param) == (400, "missing_model", "model")
     unknown = api_error({"model": "gpt-9"})
     assert (unknown.status, unknown.code) == (404, "model_not_found")
+    assert unknown.message == "the model 'gpt-9' does not exist; this router serves 'm'"
     assert api_error({"model": 7}).status == 400
 
 

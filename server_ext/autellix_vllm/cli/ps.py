@@ -1,19 +1,24 @@
 """``autellix ps`` and ``autellix top``: the router's process table in a terminal.
 
     autellix ps                                  # one listing, oldest program first
+    autellix ps --all                            # and the programs that ended last
     autellix top                                 # refreshed every second, most service first
     autellix ps --url http://127.0.0.1:8000 --api-key KEY --json
 
 Columns: PROGRAM (id), NAME, ENGINE (its binding; ``!`` marks an engine out of
 rotation), THR (threads), RUN (calls in flight), CALLS (completed), SERVICE
 (token equivalents over all engines), WAIT (engine-reported waiting, summed
-over engines), AGE, OWNER (the name of the key that opened it). ``--url`` and
-``--api-key`` default to $AUTELLIX_URL and $AUTELLIX_API_KEY.
+over engines), AGE, OWNER (the name of the key that opened it); for ended
+programs, AGE is how long the program lived and ENDED how long ago it ended.
+``--url`` and ``--api-key`` default to $AUTELLIX_URL and $AUTELLIX_API_KEY.
 
 The router lists a key's own programs (the admin key's: all), a page at a
 time; both commands read the pages in turn, up to ``--max-programs`` programs
-(``ps``: all; ``top``: 1000 a frame). Text from the router is printed with
-anything a terminal would act on (control characters, escapes) escaped.
+(``ps``: all; ``top``: 1000 a frame). The router keeps the final rows of the
+last 100 programs each key ended (``ps --all``), so a program of a few seconds
+can be looked at after it ended. ``top`` keeps running while the router is
+down or restarting, with a line that says so. Text from the router is printed
+with anything a terminal would act on (control characters, escapes) escaped.
 """
 
 from __future__ import annotations
@@ -29,12 +34,22 @@ import urllib.request
 from typing import Any
 
 from autellix_vllm.cli import UsageError
+from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.protocol import PROGRAMS_PATH
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 PAGE_SIZE = 1000  # the router's largest page
 TOP_MAX_PROGRAMS = 1000
+NOT_A_ROUTER = (
+    "this looks like an engine (or another server), not a router: point --url at"
+    " autellix serve's router (its ready line names the URL)"
+)
+
+
+class RouterUnavailable(UsageError):
+    """The router did not answer, or answered that it cannot serve now: worth
+    asking again (``top`` does), unlike a wrong URL or key."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -43,45 +58,75 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
         name,
         help="show the router's programs, refreshed live" if live else "list the router's programs",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
-        "--url", default=os.environ.get("AUTELLIX_URL", DEFAULT_URL), help="the router's URL"
+        "--url",
+        default=os.environ.get("AUTELLIX_URL", DEFAULT_URL),
+        help=f"the router's URL, as autellix serve prints it (default: $AUTELLIX_URL, else"
+        f" {DEFAULT_URL})",
     )
-    parser.add_argument("--api-key", default=os.environ.get("AUTELLIX_API_KEY"))
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("AUTELLIX_API_KEY"),
+        help="a client key of the router, or its admin key to see every program"
+        " (default: $AUTELLIX_API_KEY; none for a router without keys)",
+    )
     parser.add_argument(
         "--max-programs",
         type=int,
         default=TOP_MAX_PROGRAMS if live else None,
-        help=f"read at most this many programs (ps: all; top: {TOP_MAX_PROGRAMS})",
+        help=f"read at most this many programs (default: ps all, top {TOP_MAX_PROGRAMS})",
     )
     if live:
-        parser.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
-        parser.add_argument("--iterations", type=int, help="stop after this many frames")
+        parser.add_argument(
+            "--interval", type=float, default=1.0, help="seconds between frames (and retries)"
+        )
+        parser.add_argument(
+            "--iterations", type=int, help="stop after this many frames (default: until Ctrl-C)"
+        )
         parser.set_defaults(func=run_top)
     else:
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            help="also list the programs that ended last, newest first",
+        )
         parser.add_argument("--json", action="store_true", help="print the raw table as JSON")
         parser.set_defaults(func=run_ps)
 
 
 def run_ps(args: argparse.Namespace) -> int:
     table = fetch_table(args.url, args.api_key, max_programs=_max_programs(args))
+    ended = fetch_ended(args.url, args.api_key) if args.all else None
     if args.json:
+        if ended is not None:
+            table["ended_programs"] = ended["programs"]
         print(json.dumps(table, indent=2))
-    else:
-        print(format_table(table, sort_by="age"))
+        return 0
+    print(format_table(table, sort_by="age"))
+    if ended is not None:
+        print()
+        print(format_ended(ended))
     return 0
 
 
 def run_top(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UsageError("--interval must be positive")
+    max_programs = _max_programs(args)
     frames = 0
+    down_since: str | None = None
     while args.iterations is None or frames < args.iterations:
-        table = fetch_table(args.url, args.api_key, max_programs=_max_programs(args))
         stamp = time.strftime("%H:%M:%S")
-        sys.stdout.write(f"{CLEAR_SCREEN}autellix top - {stamp} - {args.url}\n")
-        sys.stdout.write(format_table(table, sort_by="service") + "\n")
+        try:
+            table = fetch_table(args.url, args.api_key, max_programs=max_programs)
+            shown = format_table(table, sort_by="service")
+            down_since = None
+        except RouterUnavailable as error:
+            down_since = down_since or stamp
+            shown = f"{error} (since {down_since}); trying again every {args.interval:g} s"
+        sys.stdout.write(f"{CLEAR_SCREEN}autellix top - {stamp} - {args.url}\n{shown}\n")
         sys.stdout.flush()
         frames += 1
         if args.iterations is None or frames < args.iterations:
@@ -100,19 +145,33 @@ def fetch_table(
 ) -> dict[str, Any]:
     """The router's table (``GET /autellix/v1/programs``), its pages read in turn
     up to ``max_programs`` programs (None: all)."""
-    root = url.rstrip("/").removesuffix("/v1")
+    root = router_root(url)
     table = _get_page(root, api_key, timeout_s, {"limit": PAGE_SIZE})
-    programs = table["programs"] = list(table.get("programs", []))
+    programs = table["programs"] = list(table["programs"])
     while table.get("next_after") is not None and (
         max_programs is None or len(programs) < max_programs
     ):
         page = _get_page(root, api_key, timeout_s, {"limit": PAGE_SIZE,
                                                    "after": table["next_after"]})  # fmt: skip
-        programs.extend(page.get("programs", []))
+        programs.extend(page["programs"])
         table["next_after"] = page.get("next_after")
     if max_programs is not None:
         del programs[max_programs:]
     return table
+
+
+def fetch_ended(url: str, api_key: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The final rows of the caller's programs that ended last, newest first
+    (``GET /autellix/v1/programs?ended=1``)."""
+    return _get_page(router_root(url), api_key, timeout_s, {"limit": PAGE_SIZE, "ended": 1})
+
+
+def router_root(url: str) -> str:
+    """The router's address without a trailing ``/v1`` (the SDK's base URL works too)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UsageError(f"--url {url!r} needs http:// or https:// and a host, e.g. {DEFAULT_URL}")
+    return url.rstrip("/").removesuffix("/v1")
 
 
 def _get_page(
@@ -123,19 +182,41 @@ def _get_page(
     request = urllib.request.Request(address, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            return json.load(answer)
+            page = json.load(answer)
     except urllib.error.HTTPError as error:
-        if error.code == 401:
-            raise UsageError(
-                "the router needs an API key: --api-key or $AUTELLIX_API_KEY"
-            ) from None
-        raise UsageError(f"{root}{PROGRAMS_PATH} answered {error.code}") from None
+        raise _refusal(root, error.code, api_key) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise UsageError(f"cannot reach the router at {root}: {reason}") from None
+        raise RouterUnavailable(f"cannot reach the router at {root}: {reason}") from None
+    except ValueError:  # not JSON
+        raise UsageError(f"{root} answered {PROGRAMS_PATH} without JSON: {NOT_A_ROUTER}") from None
+    if not isinstance(page, dict) or not isinstance(page.get("programs"), list):
+        raise UsageError(f"{root} answered {PROGRAMS_PATH} without a table: {NOT_A_ROUTER}")
+    return page
+
+
+def _refusal(root: str, status: int, api_key: str | None) -> UsageError:
+    """What an HTTP error status from ``root`` means to the user."""
+    if status == 401 and api_key:
+        return UsageError(
+            f"the router at {root} refused the key (401): pass one of its client keys or its"
+            " admin key (--api-key or $AUTELLIX_API_KEY), not an engine key"
+        )
+    if status == 401:
+        return UsageError(f"the router at {root} needs a key: --api-key or $AUTELLIX_API_KEY")
+    if status in (404, 405):  # a router always serves the table: an engine has no such route
+        return UsageError(f"{root} has no {PROGRAMS_PATH} ({status}): {NOT_A_ROUTER}")
+    if status >= 500:
+        return RouterUnavailable(f"the router at {root} answered {status}")
+    return UsageError(f"{root}{PROGRAMS_PATH} answered {status}")
+
+
+# ---- formatting ----------------------------------------------------------------------
 
 
 def format_table(table: dict[str, Any], sort_by: str = "age") -> str:
+    """The live table: a summary line (programs, balancer, engines), then a row per
+    program, oldest first (``sort_by="age"``) or most service first (``"service"``)."""
     engines = table.get("engines", [])
     down = {e["name"] for e in engines if not e.get("healthy")}
     programs = list(table.get("programs", []))
@@ -151,28 +232,50 @@ def format_table(table: dict[str, Any], sort_by: str = "age") -> str:
               "OWNER")  # fmt: skip
     rows = [header]
     for p in programs:
-        engine = printable(p.get("engine") or "-")
-        if p.get("engine") in down:
-            engine += "!"
-        rows.append(
-            (
-                printable(p["program_id"]),
-                printable(p.get("name") or "-"),
-                engine,
-                str(p.get("threads", 0)),
-                str(p.get("calls_active", 0)),
-                str(p.get("calls_completed", 0)),
-                f"{p.get('service', 0.0):.1f}",
-                f"{p.get('waiting_time', 0.0):.1f}",
-                human_duration(p.get("age_s", 0.0)),
-                printable(p.get("owner") or "-"),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        rows.append((*_program_cells(p, down), printable(p.get("owner") or "-")))
     total = table.get("total", len(programs))
     shown = "" if total == len(programs) else f" (showing {len(programs)})"
     balancer = printable(str(table.get("balancer", "?")))
-    lines = [f"{total} programs{shown}  {balancer}  {summary}".rstrip()]
+    return _lines(f"{total} programs{shown}  {balancer}  {summary}", rows)
+
+
+def format_ended(ended: dict[str, Any]) -> str:
+    """The programs that ended last (``fetch_ended``), newest first: AGE is how long
+    each lived, ENDED how long ago it ended."""
+    programs = ended.get("programs", [])
+    header = ("PROGRAM", "NAME", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT", "AGE",
+              "ENDED", "OWNER")  # fmt: skip
+    rows = [header]
+    for p in programs:
+        ago = f"{human_duration(p.get('ended_ago_s', 0.0))} ago"
+        rows.append((*_program_cells(p, set()), ago, printable(p.get("owner") or "-")))
+    total = ended.get("total", len(programs))
+    shown = "" if total == len(programs) else f" (showing {len(programs)})"
+    return _lines(f"{total} ended programs{shown}, the last ended first", rows)
+
+
+def _program_cells(p: dict[str, Any], down: set[str]) -> tuple[str, ...]:
+    """A program's cells from PROGRAM to AGE; ``down``: engines out of rotation."""
+    engine = printable(p.get("engine") or "-")
+    if p.get("engine") in down:
+        engine += "!"
+    return (
+        printable(p["program_id"]),
+        printable(p.get("name") or "-"),
+        engine,
+        str(p.get("threads", 0)),
+        str(p.get("calls_active", 0)),
+        str(p.get("calls_completed", 0)),
+        f"{p.get('service', 0.0):.1f}",
+        f"{p.get('waiting_time', 0.0):.1f}",
+        human_duration(p.get("age_s", 0.0)),
+    )
+
+
+def _lines(title: str, rows: list[tuple[str, ...]]) -> str:
+    """``title``, then ``rows`` (the first is the header) in aligned columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [title.rstrip()]
     for row in rows:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     return "\n".join(line.rstrip() for line in lines)

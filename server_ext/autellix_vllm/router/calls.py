@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Container, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +90,7 @@ def read_call(
     path: str,
     raw: bytes,
     headers: Mapping[str, str],
-    models: Container[str],
+    models: Collection[str],
     chars_per_token: float,
 ) -> Call:
     """Parse and check a generation call; raises :class:`ApiError` for bad input."""
@@ -101,7 +101,7 @@ def read_call(
     if not isinstance(model, str):
         raise ApiError(400, "model must be a string", "invalid_type", "model")
     if model not in models:
-        raise ApiError(404, f"the model {model!r} does not exist", "model_not_found", "model")
+        raise ApiError(404, _unknown_model(model, models), "model_not_found", "model")
     identity = _identity(body, headers)
     call = Call(
         path=path,
@@ -121,6 +121,14 @@ def read_call(
     if changed:
         call.raw = dump_json(body)
     return call
+
+
+def _unknown_model(model: str, models: Collection[str]) -> str:
+    """The 404's message: the names a client may use instead."""
+    if not models:
+        return f"the model {model!r} does not exist; no healthy engine serves a model now"
+    served = ", ".join(repr(name) for name in sorted(models))
+    return f"the model {model!r} does not exist; this router serves {served}"
 
 
 def _identity(body: dict[str, Any], headers: Mapping[str, str]) -> CallIdentity:

@@ -9,7 +9,10 @@ Ids: ``POST /autellix/v1/programs`` issues them (144 random bits). A call whose
 id the router never issued opens a program under that id (the SDK falls back
 to local ids when it cannot reach the program API). An ended id is remembered
 (the newest ``ended_ids_kept`` of them) and refused, so a late call of an
-ended program is not silently re-created.
+ended program is not silently re-created. The final rows of the programs each
+owner ended last (``ended_rows_kept`` per owner) are kept for listing
+(``autellix ps --all``), so that a program of a few seconds can be looked at
+after it ended.
 
 Owners: a program belongs to the client (key) that opened it. Another client
 gets 404 ``program_not_found`` for it, whether it calls, ends or lists it, as
@@ -25,8 +28,11 @@ may be used again only by a retry of an attempt that did not complete.
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +49,9 @@ from autellix_vllm.protocol import (
 )
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
+
+# Final rows of ended programs kept per owner, for listing (newest first).
+ENDED_ROWS_KEPT = 100
 
 
 @dataclass(eq=False, slots=True)
@@ -198,6 +207,7 @@ class ProgramTable:
         max_programs: int = 100_000,
         max_programs_per_owner: int = 10_000,
         limits: ProgramLimits = DEFAULT_LIMITS,
+        ended_rows_kept: int = ENDED_ROWS_KEPT,
     ) -> None:
         self.clock = clock
         # Told the id of every program that leaves the table (ended or idle), so
@@ -208,6 +218,9 @@ class ProgramTable:
         self.limits = limits
         self._programs: IdleTable[ProgramRecord] = IdleTable(idle_ttl_s)
         self._ended: RecentMap[str] = RecentMap(ended_ids_kept)  # ended id -> its owner
+        self.ended_rows_kept = ended_rows_kept
+        # Owner -> the final rows of its programs that ended last, oldest first.
+        self._ended_rows: dict[str, deque[dict[str, Any]]] = {}
         # Program id -> owner, for the programs in the table (an idle sweep names
         # only the ids it dropped).
         self._owners: dict[str, str] = {}
@@ -317,15 +330,41 @@ class ProgramTable:
             record.calls_failed += 1
         self._programs.touch(record.program_id)
 
-    def end(self, program_id: str, caller: Client = ANONYMOUS) -> ProgramRecord:
-        """End a program: it leaves the table and its id is refused from now on."""
+    def end(
+        self, program_id: str, caller: Client = ANONYMOUS, waiting_time: float = 0.0
+    ) -> ProgramRecord:
+        """End a program: it leaves the table and its id is refused from now on.
+        Its final row (``waiting_time`` as in :meth:`row`) is kept for
+        :meth:`ended_rows`."""
         record = self._programs.get(program_id)
         if record is None or not caller.may_see(record.owner):
             self._refuse_ended(program_id, caller, param="program_id")
             raise ProgramNotFound(program_id, param="program_id")
         self._drop(record)
         self._ended.put(program_id, record.owner)
+        final = {**self.row(record, waiting_time), "ended_s": self.clock()}
+        rows = self._ended_rows.get(record.owner)
+        if rows is None:
+            rows = self._ended_rows[record.owner] = deque(maxlen=self.ended_rows_kept)
+        rows.append(final)
         return record
+
+    def ended_rows(self, caller: Client, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """Up to ``limit`` final rows of the ended programs ``caller`` may see, the
+        last ended first, each with ``ended_ago_s``; and how many are kept."""
+        if caller.admin:
+            kept = list(self._ended_rows.values())
+        else:
+            kept = [self._ended_rows.get(caller.owner, deque())]
+        newest_first = heapq.merge(
+            *(reversed(rows) for rows in kept), key=lambda row: row["ended_s"], reverse=True
+        )
+        now = self.clock()
+        shown = [
+            {**row, "ended_ago_s": now - row["ended_s"]}
+            for row in itertools.islice(newest_first, limit)
+        ]
+        return shown, sum(len(rows) for rows in kept)
 
     def page(self, caller: Client, after: int | None, limit: int) -> Page:
         """Up to ``limit`` of the programs ``caller`` may see, opened after ``after``

@@ -8,7 +8,8 @@ Autellix: ``POST /autellix/v1/programs`` (open a program, optional ``name``),
 ``DELETE /autellix/v1/programs/{id}`` (end it, here and on its engines),
 ``GET /autellix/v1/programs?limit=N&after=C`` (the global process table, one
 page at a time, oldest first: the caller's programs, or every program for the
-admin key), ``GET /autellix/v1/engines`` (engines, health and load).
+admin key; with ``ended=1``, the final rows of the programs ended last, newest
+first, no further pages), ``GET /autellix/v1/engines`` (engines, health and load).
 
 Operations: ``GET /metrics`` (Prometheus), ``GET /health`` (200 while an
 engine is in rotation, else 503).
@@ -109,7 +110,7 @@ async def end_program(request: web.Request) -> web.Response:
         validate_id(program_id, "program_id")
     except IdentityError as error:
         raise ApiError(400, str(error), error.code, error.param) from None
-    record = state.programs.end(program_id, caller(request))
+    record = state.programs.end(program_id, caller(request), _waiting_time(state, program_id))
     engines = [state.pool.by_name[name] for name in record.calls_per_engine]
     await asyncio.gather(*(_end_on_engine(state, e.url, program_id) for e in engines))
     return web.json_response({"program_id": program_id, "ended": True})
@@ -128,27 +129,36 @@ async def _end_on_engine(state: RouterState, url: str, program_id: str) -> None:
 
 async def list_programs(request: web.Request) -> web.Response:
     """One page of the caller's programs, oldest first. ``next_after`` (null on
-    the last page) is the ``after`` that asks for the next one."""
+    the last page) is the ``after`` that asks for the next one. With ``ended=1``:
+    the newest ``limit`` final rows of the caller's ended programs, in one page."""
     state = request.app[STATE]
     limit = _query_int(request, "limit", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
     after = _query_int(request, "after", None, 0, None)
-    page = state.programs.page(caller(request), after, limit)
-    engines = state.pool.engines
-    rows = [
-        state.programs.row(r, sum(e.program_waits.get(r.program_id, 0.0) for e in engines))
-        for r in page.records
-    ]
+    next_after: int | None = None
+    if _query_int(request, "ended", 0, 0, 1):
+        rows, total = state.programs.ended_rows(caller(request), limit)
+        has_more = len(rows) < total
+    else:
+        page = state.programs.page(caller(request), after, limit)
+        rows = [state.programs.row(r, _waiting_time(state, r.program_id)) for r in page.records]
+        total, next_after = page.total, page.next_after
+        has_more = next_after is not None
     return web.json_response(
         {
             "programs": rows,
-            "total": page.total,
-            "has_more": page.next_after is not None,
-            "next_after": None if page.next_after is None else str(page.next_after),
-            "engines": [engine.describe() for engine in engines],
+            "total": total,
+            "has_more": has_more,
+            "next_after": None if next_after is None else str(next_after),
+            "engines": [engine.describe() for engine in state.pool.engines],
             "balancer": state.config.balancer,
             "locality_threshold": state.config.locality_threshold,
         }
     )
+
+
+def _waiting_time(state: RouterState, program_id: str) -> float:
+    """The waiting time the engines report for a program, summed over engines."""
+    return sum(engine.program_waits.get(program_id, 0.0) for engine in state.pool.engines)
 
 
 def _query_int(
