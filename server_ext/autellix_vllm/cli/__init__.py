@@ -15,7 +15,10 @@ import importlib
 import json
 import pkgutil
 import sys
+from collections.abc import Mapping
 from typing import Any
+
+from autellix_vllm.cli._arguments import HelpFormatter
 
 
 def _discover_commands() -> dict[str, str]:
@@ -35,28 +38,37 @@ class UsageError(Exception):
     """A problem with the user's input: printed as one line, exit code 2."""
 
 
-def print_result(result: dict[str, Any], as_json: bool) -> None:
+def print_result(
+    result: dict[str, Any], as_json: bool, units: Mapping[str, str] | None = None
+) -> None:
     """Print a command's result: with ``--json`` one JSON object on one line (for
     scripts), else one ``key value`` row per entry, a nested dict's rows indented
-    under its key and floats to six significant digits."""
+    under its key, floats to six significant digits and a value's unit after it
+    where ``units`` names one (by key)."""
     if as_json:
         print(json.dumps(result))
     else:
-        _print_rows(result, indent="")
+        _print_rows(result, indent="", units=units or {})
 
 
-def _print_rows(result: dict[str, Any], indent: str) -> None:
+def _print_rows(result: dict[str, Any], indent: str, units: Mapping[str, str]) -> None:
     for key, value in result.items():
         if isinstance(value, dict):
             print(f"{indent}{key}")
-            _print_rows(value, indent + "  ")
+            _print_rows(value, indent + "  ", units)
         else:
             shown = f"{value:.6g}" if isinstance(value, float) else value
-            print(f"{indent}{key!s:{30 - len(indent)}} {shown}")
+            print(f"{indent}{key!s:{30 - len(indent)}} {shown} {units.get(key, '')}".rstrip())
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad arguments end with one line naming the problem, not a usage dump."""
+    """Bad arguments end with one line naming the problem, not a usage dump; help
+    shows each option's default (:class:`HelpFormatter`). Every subcommand's
+    parser is one of these."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -74,6 +86,19 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
     return parser
 
 
+def _command_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` ran, e.g. ``autellix simulate run``'s."""
+    while True:
+        choices = next(
+            (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None
+        )
+        if choices is None:
+            return parser
+        parser = choices.choices[getattr(args, choices.dest)]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only import the module of the command asked for; `--help` lists them all.
@@ -83,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"autellix {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{_command_parser(parser, args).prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -35,7 +35,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if (
             "(default" in help_text
             or not action.option_strings
-            or action.default in (None, False, argparse.SUPPRESS)
+            or any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))
         ):
             return help_text
         return f"{help_text} (default: %(default)s)"

@@ -15,6 +15,19 @@ from ..sim.run import SIM_POLICIES, simulate
 from ..workloads import AGENT_MAX_CONTEXT, WORKLOAD_SPECS, generate, get_workload
 from ..workloads.trace import load_trace
 
+# The units of ``simulate run``'s results, printed after each value.
+RUN_UNITS = {
+    "rate": "programs/s",
+    **{f"{s}_latency_per_token": "s/token" for s in ("avg", "p50", "p95", "p99")},
+    "makespan": "s (simulated)",
+    "stopped_at": "s (simulated)",
+    "total_wait": "s (simulated, summed over calls)",
+    "recomputed_tokens": "tokens",
+    "reloaded_tokens": "tokens",
+    "prefix_hit_rate": "of prompt tokens",
+    "sim_seconds": "s (wall clock)",
+}
+
 
 def _positive(kind: type) -> Any:
     def parse(text: str) -> Any:
@@ -57,27 +70,54 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         "--programs", type=_positive(int),
         help=f"programs in the trace (run's default: {_per_workload('programs')})",
     )  # fmt: skip
-    p.add_argument("--engines", type=_positive(int), default=1)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="a100-llama8b")
-    p.add_argument("--max-num-seqs", type=_positive(int), help="override the preset's batch")
+    p.add_argument("--engines", type=_positive(int), default=1, help="simulated engines")
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="a100-llama8b",
+        help="the engine model: GPU and model, step costs, batch and KV cache (docs/simulator.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-num-seqs", type=_positive(int),
+        help="seats in an engine's batch (default: the preset's; 256 in a100-llama8b)",
+    )  # fmt: skip
     p.add_argument(
         "--kv-offload-gib",
         type=_positive(float),
         help="a host-memory KV tier of this many GiB per engine, as vLLM's CPU offloading"
-        " (--kv-offloading-size): evicted or preempted prefixes reload over PCIe",
+        " (--kv-offloading-size): evicted or preempted prefixes reload over PCIe"
+        " (default: the preset's, none in most)",
     )
     p.add_argument(
         "--max-context",
         type=_positive(int),
-        help=f"longest context of a call, for workloads grown to the model's maximum (agent:"
-        f" default {AGENT_MAX_CONTEXT})",
+        help="longest context of a call, for workloads grown to the model's maximum"
+        f" (default: the workload's; agent: {AGENT_MAX_CONTEXT})",
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--levels", type=checked(Levels.parse), help="level boundaries, e.g. 0,128,512")
-    p.add_argument("--beta", type=_positive(float), help="anti-starvation threshold")
-    p.add_argument("--atlas-variant", choices=("program", "thread"))
-    p.add_argument("--service-unit", choices=("tokens", "time"))
-    p.add_argument("--prefill-weight", type=float, help="service per prefilled token")
+    p.add_argument("--seed", type=int, default=0, help="the workload generator's seed")
+    p.add_argument(
+        "--levels", type=checked(Levels.parse),
+        help="level boundaries in service units, e.g. 0,128,512"
+        f" (default: {PolicyConfig().levels})",
+    )  # fmt: skip
+    p.add_argument(
+        "--beta", type=_positive(float),
+        help="anti-starvation threshold on a program's waiting/service ratio"
+        " (docs/scheduling.md)"
+        f" (default: {PolicyConfig().beta:g})",
+    )  # fmt: skip
+    p.add_argument(
+        "--atlas-variant", choices=("program", "thread"),
+        help="ATLAS's critical path: one per program (the paper's), or one per thread"
+        f" (default: {PolicyConfig().atlas_variant})",
+    )  # fmt: skip
+    p.add_argument(
+        "--service-unit", choices=("tokens", "time"),
+        help=f"what service counts (default: {PolicyConfig().meter.unit})",
+    )  # fmt: skip
+    p.add_argument(
+        "--prefill-weight", type=float,
+        help="service per prefilled token, against 1 per decoded token"
+        f" (default: {PolicyConfig().meter.prefill_weight:g})",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -104,41 +144,68 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
     run = commands.add_parser("run", help="one simulation: latency per token and more")
     _add_engine_args(run)
-    run.add_argument("--policy", choices=sorted(SIM_POLICIES), default="autellix")
+    run.add_argument(
+        "--policy", choices=sorted(SIM_POLICIES), default="autellix", help="the scheduling policy"
+    )
     run.add_argument("--rate", type=_positive(float), default=1.0, help="programs per second")
-    run.add_argument("--lb", choices=BALANCER_NAMES, default="round-robin")
-    run.add_argument("--trace", help="JSONL trace to replay instead of --workload")
+    run.add_argument(
+        "--lb", choices=BALANCER_NAMES, default="round-robin",
+        help="how calls are spread over --engines",
+    )  # fmt: skip
+    run.add_argument("--trace", help="JSONL trace to replay instead of --workload (default: none)")
     run.set_defaults(func=_run)
 
     sweep = commands.add_parser("sweep", help="max rate within the SLO, per policy")
     _add_engine_args(sweep)
     sweep.add_argument(
-        "--policies", type=_names(sorted(SIM_POLICIES)), default=["vllm-opt", "autellix"]
+        "--policies",
+        "--policy",
+        type=_names(sorted(SIM_POLICIES)),
+        default=["vllm-opt", "autellix"],
+        metavar="POLICIES",
+        help=f"comma-separated, of {', '.join(sorted(SIM_POLICIES))}; the first is the"
+        " baseline of the ratios (default: vllm-opt,autellix)",
     )
-    sweep.add_argument("--lb", type=_names(list(BALANCER_NAMES)), default=["round-robin"])
+    sweep.add_argument(
+        "--lb",
+        type=_names(list(BALANCER_NAMES)),
+        default=["round-robin"],
+        help=f"comma-separated load balancers, of {', '.join(BALANCER_NAMES)}; each is swept"
+        " with every policy (default: round-robin)",
+    )
     sweep.add_argument(
         "--duration",
         type=_positive(float),
         help=f"seconds of arrivals per trace (default: {_per_workload('sweep_seconds')};"
         " ignored with --programs)",
     )
-    sweep.add_argument("--slo-factor", type=_positive(float), default=5.0)
-    sweep.add_argument("--workers", type=_positive(int), default=2)
-    sweep.add_argument("--plot", help="write latency-vs-rate curves to this PNG")
+    sweep.add_argument(
+        "--slo-factor", type=_positive(float), default=5.0,
+        help="the SLO: this many times the unloaded average latency per token",
+    )  # fmt: skip
+    sweep.add_argument(
+        "--workers", type=_positive(int), default=2, help="processes that search at once"
+    )
+    sweep.add_argument(
+        "--plot", metavar="PNG",
+        help="write latency-vs-rate curves to this PNG (default: none)",
+    )  # fmt: skip
     sweep.set_defaults(func=_sweep)
 
     bench = commands.add_parser("bench-policy", help="time per scheduling step of the core")
-    bench.add_argument("--running", type=_positive(int), default=256)
-    bench.add_argument("--waiting", type=_positive(int), default=1000)
-    bench.add_argument("--steps", type=_positive(int), default=2000)
-    bench.add_argument("--json", action="store_true")
+    bench.add_argument("--running", type=_positive(int), default=256, help="calls in the batch")
+    bench.add_argument("--waiting", type=_positive(int), default=1000, help="calls queued")
+    bench.add_argument("--steps", type=_positive(int), default=2000, help="steps timed")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.set_defaults(func=_bench)
 
     tune = commands.add_parser(
         "tune", help="markdown tables: levels, beta, prefill weight, ATLAS variant per workload"
     )
     tune.add_argument("--quick", action="store_true", help="sharegpt and lats only")
-    tune.add_argument("--workers", type=_positive(int), default=2)
+    tune.add_argument(
+        "--workers", type=_positive(int), default=2, help="processes that simulate at once"
+    )
     tune.set_defaults(func=_tune)
 
 
@@ -163,14 +230,14 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     source = {"trace": args.trace} if args.trace else {"workload": args.workload, "rate": args.rate}
-    print_result({**source, "policy": args.policy, **result.metrics}, args.json)
+    print_result({**source, "policy": args.policy, **result.metrics}, args.json, RUN_UNITS)
     return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..sim.sweep import plot, sweep
+    from ..sim.sweep import format_sweep, plot, sweep
 
     config = _config(args)
     keys = len(args.policies) * len(args.lb)
@@ -206,7 +273,10 @@ def _sweep(args: argparse.Namespace) -> int:
             args.plot,
         )
         result["plot"] = args.plot
-    print_result(result, args.json)
+    if args.json:
+        print_result(result, as_json=True)
+    else:
+        print(format_sweep(result))
     return 0
 
 

@@ -87,9 +87,7 @@ def capacity_rate(setup: SweepSetup) -> float:
     return tokens_per_s / mean_decode
 
 
-def _search(
-    setup: SweepSetup, key: str, policy: str, lb: str, start: float, limit: float
-) -> Curve:
+def _search(setup: SweepSetup, key: str, policy: str, lb: str, start: float, limit: float) -> Curve:
     """Find the highest rate whose average latency per token is within the SLO."""
     curve = Curve(key)
 
@@ -159,9 +157,7 @@ def sweep(
     setup = replace(setup, slo=slo)
     curves: list[Curve] = []
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [
-            pool.submit(_search, setup, *run, cap / 2, cap * SEARCH_LIMIT) for run in runs
-        ]
+        futures = [pool.submit(_search, setup, *run, cap / 2, cap * SEARCH_LIMIT) for run in runs]
         for future in futures:
             curves.append(future.result())
             if on_done:
@@ -174,6 +170,7 @@ def sweep(
         "duration": None if programs else window,
         "programs": programs,
         "seed": seed,
+        "slo_factor": slo_factor,
         "slo": slo,
         "unloaded_latency_per_token": unloaded["avg_latency_per_token"],
         "max_rate": {c.key: c.max_rate for c in curves},
@@ -182,6 +179,40 @@ def sweep(
         **({"kv_offload_gib": kv_offload_gib} if kv_offload_gib is not None else {}),
         **({"max_context": max_context} if max_context is not None else {}),
     }, curves
+
+
+PLOT_CAPTION = (
+    "average latency per token against arrival rate, one curve per policy; a"
+    " policy's max rate is where its curve crosses the SLO (dashed)"
+)
+
+
+def format_sweep(result: dict[str, Any]) -> str:
+    """:func:`sweep`'s result for a terminal: the setting and the SLO, then each
+    policy's max rate and its ratio to the first policy's."""
+    arrivals = (
+        f"{result['programs']} programs" if result["programs"] else f"{result['duration']:g} s"
+    )
+    lines = [
+        f"{result['workload']} on {result['engines']} engine(s) of {result['preset']},"
+        f" seed {result['seed']}, {arrivals} of arrivals per rate",
+        f"SLO: {result['slo']:.4g} s/token ({result['slo_factor']:g}x the unloaded"
+        f" {result['unloaded_latency_per_token']:.4g} s/token)",
+    ]
+    first = next(iter(result["max_rate"]))
+    rows = [("POLICY", "MAX RATE (programs/s)", f"VS {first}")]
+    for key, rate in result["max_rate"].items():
+        at_least = ">= " if key in result["censored"] else ""
+        rows.append((key, f"{at_least}{rate:.2f}", f"{result['ratio'][key]:.2f}x"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    if result["censored"]:
+        lines.append(">=: still within the SLO at the search limit")
+    if "plot" in result:
+        lines.append(f"plot: {result['plot']}: {PLOT_CAPTION}")
+    return "\n".join(lines)
 
 
 def plot(curves: list[Curve], slo: float, title: str, path: str) -> None:
