@@ -91,6 +91,7 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
         "--json",
     ),
     "bench router-overhead": ("--seconds", "--concurrency", "--latency-calls", "--json"),
+    "bench soak": ("--minutes", "--rate", "--seed", "--json"),
     "serve": (
         "--model", "--served-model-name", "--max-num-seqs", "--max-model-len", "--kv-cache-gib",
         "--scheduler", "--device", "--host", "--port", "--log-file", "--log-dir", "--engines",

@@ -4,6 +4,7 @@ autellix bench engine --quick --json    # program latency: stock FCFS vs Autelli
 autellix bench scheduler --json         # per-step overhead of the scheduler
 autellix bench router --json            # round-robin vs locality on 2 real engines
 autellix bench router-overhead --json   # the router alone, over a minimal upstream
+autellix bench soak --minutes 10 --json # serve under faults and a misbehaving client
 autellix bench sdk --json               # what the client SDK adds to a call
 autellix bench cpu-preset --json        # fit the simulator's cpu-tiny preset on the engine
 """
@@ -58,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     overhead.set_defaults(func=_run_overhead)
 
     _add_router_benchmarks(benches)
+    _add_soak(benches)
     _add_client_and_calibration(benches)
 
 
@@ -187,6 +189,29 @@ def _run_router_overhead(args: argparse.Namespace) -> int:
     result = run_router_overhead(args.seconds, args.concurrency, args.latency_calls)
     print_result(result, args.json)
     return 0
+
+
+def _add_soak(benches: argparse._SubParsersAction) -> None:
+    soak = benches.add_parser(
+        "soak",
+        help="autellix serve with 2 tiny engines under agent load, an engine killed and a"
+        " misbehaving client; exit code 1 if a program was lost or a forgery accepted",
+    )
+    soak.add_argument("--minutes", type=float, default=10.0, help="how long the load runs")
+    soak.add_argument("--rate", type=float, default=1.0, help="agent programs started per second")
+    soak.add_argument("--seed", type=int, default=0)
+    soak.add_argument("--json", action="store_true", help="print only the JSON result")
+    soak.set_defaults(func=_run_soak)
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.soak import SoakSettings, run_soak
+
+    if args.minutes <= 0 or args.rate <= 0:
+        raise UsageError("--minutes and --rate must be positive")
+    result = run_soak(SoakSettings(minutes=args.minutes, rate=args.rate, seed=args.seed))
+    print_result(result, args.json)
+    return 0 if result["passed"] else 1
 
 
 def _add_client_and_calibration(benches: argparse._SubParsersAction) -> None:
