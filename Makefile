@@ -36,8 +36,26 @@ demo: install
 # The simulator's comparison of the policies on the paper's ShareGPT-like workload
 # (latency-vs-rate plot in demo-sharegpt.png).
 demo-sim: install
+	@echo "demo-sim: each policy's highest arrival rate within the SLO on a modelled A100 engine"\
+	" (vLLM's batch of 256), and its ratio to vllm-opt's; the curves coincide below capacity"\
+	" (README.md, What you get)"
 	$(BIN)/autellix simulate sweep --workload sharegpt --policies vllm-opt,mlfq,autellix,srpt \
 		--plot demo-sharegpt.png
+
+# The commands of the README without activating .venv; ARGS passes flags, e.g.
+# `make serve ARGS="--model tiny"`, then `make react ARGS="--agents 4"` in another terminal.
+.PHONY: serve react mcts ps
+serve: install
+	$(BIN)/autellix serve $(ARGS)
+
+react: install
+	$(BIN)/python examples/react_agent.py $(ARGS)
+
+mcts: install
+	$(BIN)/python examples/mcts_agent.py $(ARGS)
+
+ps: install
+	$(BIN)/autellix ps $(ARGS)
 
 lint: install
 	$(BIN)/ruff check sdk server_ext tests examples

@@ -12,8 +12,6 @@ docs need not exist.
 from __future__ import annotations
 
 import re
-import shlex
-from pathlib import Path
 
 import pytest
 from autellix_vllm.cli import build_parser
@@ -22,46 +20,13 @@ from autellix_vllm.cli.engine import engine_config_from_args
 from autellix_vllm.cli.serve import plan_engines, router_config_from_args
 from autellix_vllm.engine import launcher
 from autellix_vllm.engine.models import ModelSpec
+from doc_code import argv_of, doc_commands
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 GPUS = [str(i) for i in range(8)]
-COMMAND = re.compile(r"^(?:\$\s+)?(autellix (?:serve|engine))(?:\s|$)")
-
-
-def doc_commands() -> list[tuple[str, str]]:
-    """(where, command line) for each serve/engine command in a code block."""
-    found = []
-    for path in DOCS:
-        in_block = False
-        pending = ""
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.lstrip().startswith("```"):
-                in_block = not in_block
-                continue
-            if not in_block:
-                continue
-            text = pending + line.strip()
-            if text.endswith("\\"):  # continued on the next line
-                pending = text[:-1] + " "
-                continue
-            pending = ""
-            if match := COMMAND.match(text):
-                command = text[match.start(1) :]
-                found.append((f"{path.relative_to(ROOT)}:{number}", command))
-    return found
-
-
-def argv_of(command: str) -> list[str]:
-    """The arguments after ``autellix``: comments, ``&`` and pipes dropped."""
-    words = shlex.split(command, comments=True)
-    for stop in ("&", "|", ">", "&&", ";"):
-        if stop in words:
-            words = words[: words.index(stop)]
-    return words[1:]
-
-
-COMMANDS = doc_commands()
+SERVE_OR_ENGINE = re.compile(r"^autellix (?:serve|engine)(?:\s|$)")
+COMMANDS = [
+    (doc.where, doc.command) for doc in doc_commands() if SERVE_OR_ENGINE.match(doc.command)
+]
 
 
 def test_the_docs_have_serve_and_engine_commands():
