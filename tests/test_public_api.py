@@ -72,7 +72,7 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
     "simulate sweep": (
         "--workload", "--programs", "--engines", "--preset", "--max-num-seqs", "--seed",
         "--levels", "--beta", "--atlas-variant", "--service-unit", "--prefill-weight", "--json",
-        "--policies", "--lb", "--duration", "--slo-factor", "--workers", "--plot",
+        "--policies", "--policy", "--lb", "--duration", "--slo-factor", "--workers", "--plot",
     ),
     "simulate bench-policy": ("--running", "--waiting", "--steps", "--json"),
     "engine": (
@@ -101,7 +101,7 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
         "--tool-call-parser", "--no-tool-calling", "--engine-key", "--api-keys-file",
         "--admin-key", "--max-programs", "--max-programs-per-key",
     ),
-    "ps": ("--url", "--api-key", "--json"),
+    "ps": ("--url", "--api-key", "--json", "--all"),
     "top": ("--url", "--api-key", "--interval", "--iterations"),
 }  # fmt: skip
 
