@@ -1,18 +1,22 @@
-"""The engine benchmark's workload and replayer (the full FCFS-vs-Autellix run is
-`autellix bench engine`, too slow for the test suite)."""
+"""The engine benchmark's workload, prompts and replayer (the full FCFS-vs-Autellix
+run is `autellix bench engine`, too slow for the test suite)."""
+
+import json
 
 import pytest
 from autellix_vllm.bench.engine import (
     BenchSettings,
     ProgramResult,
+    PromptVocabulary,
     build_workload,
+    prompts,
     replay,
     scaled_levels,
     spread,
     summarize,
-    transcript,
 )
-from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
+from autellix_vllm.engine.tiny_model import SPECIAL_TOKENS
+from autellix_vllm.workloads.trace import CallSpec, ProgramSpec, write_trace
 
 
 def test_workload_is_seeded_and_fits_the_model():
@@ -29,6 +33,61 @@ def test_workload_is_seeded_and_fits_the_model():
                 assert call.tool_gap > 0
     # The mix has multi-threaded programs (fan-out) and single-threaded ones.
     assert {p.threads > 1 for p in programs} == {True, False}
+
+
+def test_a_trace_keeps_its_arrivals_and_gaps_and_is_cut_to_the_context(tmp_path):
+    calls = (
+        CallSpec("a1", 900, 40),
+        CallSpec("a2", 10, 5000, after=("a1",), tool_gap=0.7),  # longer than the context
+    )
+    trace = tmp_path / "trace.jsonl"
+    write_trace([ProgramSpec("late", 3.0, calls), ProgramSpec("early", 1.0, calls[:1])], trace)
+    settings = BenchSettings(trace=trace, programs=None, token_scale=1.0, max_model_len=1024)
+    early, late = build_workload(settings)
+    assert (early.program_id, early.arrival, late.arrival) == ("early", 1.0, 3.0)
+    first, second = late.calls
+    assert (first.decode_tokens, first.prompt_tokens) == (508, 40)  # decode: half the context
+    assert (second.decode_tokens, second.prompt_tokens) == (10, 1006)
+    assert second.tool_gap == 0.7 and second.after == ("a1",)
+    first_only = build_workload(BenchSettings(trace=trace, programs=1))
+    assert [p.program_id for p in first_only] == ["early"]
+    # A rate rescales the arrivals: 2 programs at 0.5/s, the last at 4 s.
+    paced = build_workload(BenchSettings(trace=trace, programs=None, rate=0.5))
+    assert [p.arrival for p in paced] == pytest.approx([4 / 3, 4.0])
+    halved = build_workload(BenchSettings(trace=trace, programs=None, token_scale=0.5))
+    assert halved[1].calls[0].prompt_tokens == 20
+
+
+def test_prompts_are_exact_token_ids_that_extend_their_context():
+    vocabulary = PromptVocabulary.for_model("tiny")
+    assert not set(range(len(SPECIAL_TOKENS))) & set(vocabulary.ids)  # no <s>, </s>, ...
+    program = ProgramSpec(
+        "p",
+        0.0,
+        (
+            CallSpec("c1", 4, 30),
+            CallSpec("c2", 4, 70, after=("c1",)),
+            CallSpec("sub", 4, 50, thread="t", parent_thread="main", context="helper"),
+        ),
+    )
+    prompt = prompts(program, vocabulary)
+    assert [len(prompt[c.id]) for c in program.calls] == [30, 70, 50]
+    assert prompt["c2"][:30] == prompt["c1"]  # the later call extends the earlier one
+    assert prompt["sub"][:30] != prompt["c1"]  # a subagent's context is its own
+    assert set(prompt["c2"]) <= set(vocabulary.ids)
+    other = prompts(ProgramSpec("q", 0.0, program.calls[:1]), vocabulary)
+    assert other["c1"] != prompt["c1"] and prompts(program, vocabulary) == prompt
+
+
+def test_the_real_models_vocabulary_comes_from_its_tokenizer(tmp_path):
+    tokenizer = {
+        "model": {"type": "BPE", "vocab": {"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3}},
+        "added_tokens": [{"id": 0, "content": "<|endoftext|>", "special": True}],
+    }
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert PromptVocabulary.of_model(tmp_path).ids == (1, 2, 3)
+    with pytest.raises(ValueError, match="cannot read the model's tokenizer"):
+        PromptVocabulary.of_model(tmp_path / "missing")
 
 
 def test_spread_sets_the_arrival_window_from_the_probed_speed():
@@ -64,7 +123,8 @@ async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine)
             CallSpec("join", 2, 40, after=("left", "right"), tool_gap=0.05),
         ),
     )
-    (result,) = await replay(engine.base_url, engine.served_model_name, [program], BenchSettings())
+    settings = BenchSettings(model="tiny")
+    # The replay checks that the engine counted each prompt's tokens as sent.
+    (result,) = await replay(engine.base_url, engine.served_model_name, [program], settings)
     assert result.calls == 4 and result.decode_tokens == 14
     assert result.latency_s > 0.05
-    assert transcript("bench-replay", 40).startswith(transcript("bench-replay", 20))

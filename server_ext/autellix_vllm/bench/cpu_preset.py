@@ -1,7 +1,7 @@
-"""Calibrate the simulator's ``cpu-tiny`` preset: ``autellix bench cpu-preset``.
+"""Calibrate a simulator ``cpu-*`` preset: ``autellix bench cpu-preset [--model M]``.
 
-Starts one real engine (stock FCFS scheduling, the tiny random-weight model),
-then measures:
+Starts one real engine (stock FCFS scheduling; the tiny random-weight model for
+``cpu-tiny``, ``--model smollm2`` for ``cpu-smollm2``), then measures:
 
 * the decode step time at batch sizes 1, 2, 4 and 8: b concurrent requests
   decoding 144 tokens minus b decoding 16, over the 128 extra tokens (median of
@@ -9,8 +9,13 @@ then measures:
 * the prefill cost per prompt token (time to the first token of a long prompt,
   minus one base step, over the prompt length).
 
-Reports, in seconds, the fitted ``step_base``, ``per_decode`` and
-``per_prefill`` that :mod:`autellix_vllm.sim.presets` records for ``cpu-tiny``.
+* the decode step at 4 sequences whose prompts are ``PROMPT_TOKENS`` long, the
+  same way: how much a step's cost grows with the context its decodes attend
+  over (``per_context_token``: the extra time over the extra context tokens).
+
+Prompts are token ids from the model's vocabulary, so their lengths are exact.
+Reports, in seconds, the fitted ``step_base``, ``per_decode``, ``per_prefill``
+and ``per_context_token`` that :mod:`autellix_vllm.sim.presets` records.
 """
 
 from __future__ import annotations
@@ -21,39 +26,51 @@ import time
 
 import openai
 
+from autellix_vllm.bench.engine import PromptVocabulary
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess
 
 BATCHES = (1, 2, 4, 8)
+CONTEXT_BATCH = 4  # sequences of the long-context decode measurement
 SHORT, LONG = 16, 144  # decode lengths whose difference isolates the decode steps
-PROMPT_TOKENS = 900  # the tiny model's tokenizer has one token per character
+PROMPT_TOKENS = 800  # fits the launcher's 1,024-token context with LONG decoded
+SHORT_PROMPT_TOKENS = 2
 
 
-async def batch_time(client: openai.AsyncOpenAI, model: str, batch: int, tokens: int) -> float:
-    """Wall time of ``batch`` concurrent requests that each decode ``tokens`` tokens."""
+async def batch_time(
+    client: openai.AsyncOpenAI, model: str, prompts: list[list[int]], tokens: int
+) -> float:
+    """Wall time of one concurrent request per prompt, each decoding ``tokens`` tokens."""
     t0 = time.perf_counter()
     await asyncio.gather(
         *(
             client.completions.create(
-                model=model, prompt=f"{i} hello", max_tokens=tokens,
-                extra_body={"ignore_eos": True},
+                model=model, prompt=prompt, max_tokens=tokens, extra_body={"ignore_eos": True}
             )
-            for i in range(batch)
+            for prompt in prompts
         )
     )
     return time.perf_counter() - t0
 
 
-async def decode_step(client: openai.AsyncOpenAI, model: str, batch: int) -> float:
-    """One decode step at ``batch`` sequences: the extra time of decoding LONG
-    instead of SHORT tokens, per extra token (prefill and HTTP costs cancel out)."""
-    short = statistics.median([await batch_time(client, model, batch, SHORT) for _ in range(3)])
-    long = statistics.median([await batch_time(client, model, batch, LONG) for _ in range(3)])
+async def decode_step(client: openai.AsyncOpenAI, model: str, prompts: list[list[int]]) -> float:
+    """One decode step at ``len(prompts)`` sequences: the extra time of decoding LONG
+    instead of SHORT tokens, per extra token (prefill and HTTP costs cancel out;
+    the prompts are cached after the first round)."""
+    short = statistics.median([await batch_time(client, model, prompts, SHORT) for _ in range(3)])
+    long = statistics.median([await batch_time(client, model, prompts, LONG) for _ in range(3)])
     return (long - short) / (LONG - SHORT)
 
 
-async def measure(base_url: str, model: str) -> dict[str, float]:
+async def measure(base_url: str, model: str, vocabulary: PromptVocabulary) -> dict[str, float]:
     client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="-", max_retries=0)
-    steps = {batch: await decode_step(client, model, batch) for batch in BATCHES}
+
+    def prompts(count: int, length: int) -> list[list[int]]:
+        return [vocabulary.transcript(f"{length}/{i}", length) for i in range(count)]
+
+    steps = {
+        batch: await decode_step(client, model, prompts(batch, SHORT_PROMPT_TOKENS))
+        for batch in BATCHES
+    }
     n = len(BATCHES)
     mean_b = sum(BATCHES) / n
     mean_t = sum(steps.values()) / n
@@ -62,24 +79,31 @@ async def measure(base_url: str, model: str) -> dict[str, float]:
     )
     base = mean_t - slope * mean_b
     prefill = []
-    for i in range(5):
+    for prompt in prompts(5, PROMPT_TOKENS):  # five prompts no cache holds
         t0 = time.perf_counter()
-        await client.completions.create(
-            model=model, prompt=chr(65 + i) * PROMPT_TOKENS, max_tokens=1
-        )
+        await client.completions.create(model=model, prompt=prompt, max_tokens=1)
         prefill.append(time.perf_counter() - t0)
     per_prefill = max(0.0, (statistics.median(prefill) - base) / PROMPT_TOKENS)
+    long_context = await decode_step(client, model, prompts(CONTEXT_BATCH, PROMPT_TOKENS))
+    # Mean context over the decode steps that differ: the prompt plus the middle of
+    # the SHORT..LONG stretch, against the short prompts' equivalent.
+    extra_context = CONTEXT_BATCH * (PROMPT_TOKENS - SHORT_PROMPT_TOKENS)
     await client.close()
     return {
         "step_base": base,
         "per_decode": max(0.0, slope),
         "per_prefill": per_prefill,
+        "per_context_token": max(0.0, (long_context - steps[CONTEXT_BATCH]) / extra_context),
         **{f"step_at_batch_{b}": t for b, t in steps.items()},
+        f"step_at_batch_{CONTEXT_BATCH}_context_{PROMPT_TOKENS}": long_context,
     }
 
 
-def calibrate_cpu_preset() -> dict[str, float]:
-    """Start the embedded engine and fit the preset's step costs (seconds)."""
-    config = EngineConfig(port=0, scheduler="fcfs", max_num_seqs=8, max_model_len=1024)
+def calibrate_cpu_preset(model: str = "tiny") -> dict[str, float]:
+    """Start a CPU engine on ``model`` and fit the preset's step costs (seconds)."""
+    config = EngineConfig(
+        model=model, port=0, scheduler="fcfs", max_num_seqs=8, max_model_len=1024, device="cpu"
+    )
     with EngineProcess(config) as engine:
-        return asyncio.run(measure(engine.base_url, engine.served_model_name))
+        vocabulary = PromptVocabulary.of_model(engine.model.path)
+        return asyncio.run(measure(engine.base_url, engine.served_model_name, vocabulary))

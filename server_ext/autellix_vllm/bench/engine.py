@@ -1,8 +1,9 @@
 """Program latency on a real vLLM engine: stock FCFS vs the Autellix scheduler.
 
 The benchmark starts the real engine twice (same model, flags and workload;
-only the scheduler differs) and replays one seeded workload of concurrent
-multi-call programs through the OpenAI completions API. By default the engines
+only the scheduler differs) and replays one workload of concurrent multi-call
+programs through the OpenAI completions API: a seeded workload of the
+simulator's, or any JSONL trace in its format (``trace``). By default the engines
 run one after the other, each alone on the machine; ``side_by_side`` runs both
 at once, which shares any background load between them but, on a machine with
 few cores, also lets one engine crowd out the other (on 2 cores stock FCFS
@@ -11,15 +12,18 @@ scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
 
 * the programs come from the simulator's workloads (:mod:`autellix_vllm.workloads`:
   heavy-tailed calls per program, log-normal lengths, Poisson arrivals), with
-  token counts scaled down to the tiny CPU model;
-* a call's prompt is its program's transcript so far, so later calls share
-  their prefix with earlier ones, as agent calls do;
+  token counts scaled down to a CPU engine, or from a trace, as recorded (cut
+  to fit the context);
+* a call's prompt is its program's transcript so far, as token ids drawn from
+  the model's own vocabulary, so it is exactly ``prompt_tokens`` long and later
+  calls share their prefix with earlier ones, as agent calls do (a call that
+  names another context, a subagent's, extends that one instead);
 * decode lengths are forced (``ignore_eos`` and ``max_tokens``);
 * tool gaps are sleeps between a call and the calls that depend on it;
 * ``max_num_seqs`` is small, so the engine saturates and calls queue;
-* arrivals are Poisson, spread over a fixed fraction of the time the engines
-  need for the whole workload at their probed speed, so the load is the same on
-  a fast and on a busy machine.
+* a generated workload's arrivals are Poisson, spread over a fixed fraction of
+  the time the engines need for the whole workload at their probed speed, so
+  the load is the same on a fast and on a busy machine; a trace keeps its own.
 
 The metric is the paper's: program latency per token = program wall time
 (arrival to last completion) / the program's decoded tokens, averaged over
@@ -29,42 +33,48 @@ programs and at the 95th percentile.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
-import string
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
+from autellix_vllm.engine.models import resolve_model
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.protocol import COMPLETIONS_PATH, ENGINE_TABLE_PATH
 from autellix_vllm.stats import percentile
-from autellix_vllm.workloads import at_rate, generate
+from autellix_vllm.workloads import at_rate, generate, load_trace
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
 
-# Characters the tiny model's tokenizer has (one token each).
-_TEXT = string.ascii_lowercase + "      .,"
-PROMPT_HEADROOM = 8  # tokens kept free below max_model_len (BOS, rounding)
+PROMPT_HEADROOM = 8  # tokens kept free below max_model_len
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    programs: int = 32
+    # Programs of ``workload`` to generate; with a ``trace``, the first this many
+    # (None: all of it).
+    programs: int | None = 32
     seed: int = 0
     workload: str = "mixed"
+    trace: Path | None = None  # replay this JSONL trace instead of generating
+    model: str = "smollm2"  # a name of engine.models.MODELS, or a model folder
     # Programs arrive (Poisson) over this fraction of the time the engine needs to
     # decode the whole workload at its probed speed: the same load on a fast and
     # on a busy machine. An explicit ``rate`` (programs per second) overrides it.
     arrival_window: float = 0.3
     rate: float | None = None
-    token_scale: float = 0.125  # the workload's token counts, scaled to the CPU model
+    # The workload's token counts, scaled to the CPU model. A trace keeps its gaps
+    # and decode lengths (no min_decode/max_decode); only the scale applies.
+    token_scale: float = 0.125
     min_decode: int = 4
     max_decode: int = 128
     tool_gap_s: float = 0.05  # mean tool gap where the workload has none
-    max_num_seqs: int = 2
+    max_num_seqs: int = 4
     max_model_len: int = 1024
     call_timeout_s: float = 1800.0
     schedulers: tuple[str, str] = ("fcfs", "autellix")  # baseline, candidate
@@ -89,38 +99,142 @@ class ProgramResult:
 
 
 def build_workload(settings: BenchSettings) -> list[ProgramSpec]:
-    """The seeded programs, scaled to fit the CPU model's context and speed; arrivals
-    at ``settings.rate``, or one per second on average until :func:`spread` sets them."""
+    """The programs to replay, fitted to the CPU model's context and speed.
+
+    A generated workload: seeded, scaled, arrivals at ``settings.rate`` or one
+    per second on average until :func:`spread` sets them. A trace: its programs
+    in arrival order, scaled by ``token_scale`` and cut to fit the context, its
+    arrivals and gaps as recorded (arrivals rescaled to ``settings.rate`` if set).
+    """
+    if settings.trace is not None:
+        programs = sorted(load_trace(settings.trace), key=lambda p: p.arrival)
+        programs = [_fitted(p, settings) for p in programs[: settings.programs]]
+        return at_rate(programs, _rate_scale(programs, settings.rate))
+    if settings.programs is None:
+        raise ValueError("a generated workload needs a number of programs")
     rate = settings.rate or 1.0
     programs = generate(settings.workload, settings.programs, rate, settings.seed)
     return [_scaled(program, settings) for program in programs]
 
 
+def _rate_scale(programs: list[ProgramSpec], rate: float | None) -> float:
+    """The factor that brings the programs' arrival rate (programs over the time to
+    the last arrival, as in a generated workload) to ``rate``; 1 keeps them as is."""
+    span = max(p.arrival for p in programs)
+    if rate is None or span == 0:
+        return 1.0
+    return len(programs) / rate / span
+
+
 def _scaled(program: ProgramSpec, settings: BenchSettings) -> ProgramSpec:
+    """A generated program at the CPU scale: decode within [min_decode, max_decode],
+    and a tool gap before every dependent call (the workloads have few of their own)."""
     rng = random.Random(f"{settings.seed}/{program.program_id}/gaps")
     calls = []
     for call in program.calls:
         decode = round(call.decode_tokens * settings.token_scale)
         decode = min(settings.max_decode, max(settings.min_decode, decode))
-        room = settings.max_model_len - decode - PROMPT_HEADROOM
-        prompt = min(room, max(8, round(call.prompt_tokens * settings.token_scale)))
         gap = call.tool_gap
         if gap == 0 and call.after and settings.tool_gap_s > 0:
             gap = rng.expovariate(1 / settings.tool_gap_s)
-        calls.append(replace(call, decode_tokens=decode, prompt_tokens=prompt, tool_gap=gap))
+        prompt = max(8, round(call.prompt_tokens * settings.token_scale))
+        calls.append(_fit_context(call, prompt, decode, gap, settings))
     return replace(program, calls=tuple(calls))
 
 
-def transcript(program_id: str, length: int) -> str:
-    """A program's deterministic text; each call's prompt is a prefix of it."""
-    rng = random.Random(program_id)
-    return "".join(rng.choice(_TEXT) for _ in range(length))
+def _fitted(program: ProgramSpec, settings: BenchSettings) -> ProgramSpec:
+    """A trace's program scaled by ``token_scale``, its gaps kept."""
+    scale = settings.token_scale
+    calls = [
+        _fit_context(
+            call,
+            round(call.prompt_tokens * scale),
+            max(1, round(call.decode_tokens * scale)),
+            call.tool_gap,
+            settings,
+        )
+        for call in program.calls
+    ]
+    return replace(program, calls=tuple(calls))
+
+
+def _fit_context(
+    call: CallSpec, prompt: int, decode: int, gap: float, settings: BenchSettings
+) -> CallSpec:
+    """The call with these lengths, cut to fit the model's context: the decode to
+    half of it at most, the prompt to what is left."""
+    usable = settings.max_model_len - PROMPT_HEADROOM
+    decode = min(decode, usable // 2)
+    prompt = max(1, min(prompt, usable - decode))
+    return replace(call, decode_tokens=decode, prompt_tokens=prompt, tool_gap=gap)
+
+
+@dataclass(frozen=True)
+class PromptVocabulary:
+    """The token ids synthesized prompts are drawn from: every id of the model's
+    tokenizer except its special and added tokens (which would end or steer a
+    prompt). Prompts are sent as ids, so their length is exact whatever the
+    tokenizer (one character a token in the tiny model, BPE in SmolLM2)."""
+
+    ids: tuple[int, ...]
+
+    @classmethod
+    def for_model(cls, model: str) -> PromptVocabulary:
+        """The vocabulary of a model name of :data:`~autellix_vllm.engine.models.MODELS`
+        or of a model folder."""
+        return cls.of_model(resolve_model(model).path)
+
+    @classmethod
+    def of_model(cls, folder: str | Path) -> PromptVocabulary:
+        """Read from the model folder's ``tokenizer.json`` (offline)."""
+        path = Path(folder) / "tokenizer.json"
+        try:
+            tokenizer = json.loads(path.read_text())
+        except OSError as error:
+            raise ValueError(f"cannot read the model's tokenizer {path}: {error}") from None
+        vocab = tokenizer["model"]["vocab"]
+        ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+        ids -= {token["id"] for token in tokenizer.get("added_tokens", [])}
+        if not ids:
+            raise ValueError(f"{path} has no ordinary tokens to build prompts from")
+        return cls(tuple(sorted(ids)))
+
+    def transcript(self, key: str, length: int) -> list[int]:
+        """A deterministic token sequence for ``key``; the prompts of one context
+        are prefixes of it."""
+        return random.Random(key).choices(self.ids, k=length)
+
+
+def context_key(program: ProgramSpec, call: CallSpec) -> str:
+    """Which transcript a call's prompt is a prefix of: its program's, or (a call
+    that names a context) that subagent's."""
+    context = call.context
+    return program.program_id if context is None else f"{program.program_id}/{context}"
+
+
+def prompts(program: ProgramSpec, vocabulary: PromptVocabulary) -> dict[str, list[int]]:
+    """Every call's prompt (by call id): the first ``prompt_tokens`` ids of its
+    context's transcript, so a later call extends the earlier ones."""
+    longest: dict[str, int] = {}
+    for call in program.calls:
+        key = context_key(program, call)
+        longest[key] = max(longest.get(key, 0), call.prompt_tokens)
+    texts = {key: vocabulary.transcript(key, length) for key, length in longest.items()}
+    return {
+        call.id: texts[context_key(program, call)][: call.prompt_tokens] for call in program.calls
+    }
 
 
 async def replay(
-    base_url: str, model: str, programs: list[ProgramSpec], settings: BenchSettings
+    base_url: str,
+    model: str,
+    programs: list[ProgramSpec],
+    settings: BenchSettings,
+    vocabulary: PromptVocabulary | None = None,
 ) -> list[ProgramResult]:
-    """Run every program (its calls in dependency order) and time it."""
+    """Run every program (its calls in dependency order) and time it. Prompts come
+    from ``vocabulary`` (default: that of ``settings.model``)."""
+    vocabulary = vocabulary or PromptVocabulary.for_model(settings.model)
     timeout = aiohttp.ClientTimeout(total=settings.call_timeout_s)
     # vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; a
     # pooled connection idle for longer (a program's tool gap) may already be
@@ -129,16 +243,21 @@ async def replay(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         start = time.monotonic()
         return await asyncio.gather(
-            *(_run_program(http, base_url, model, p, start) for p in programs)
+            *(_run_program(http, base_url, model, p, start, vocabulary) for p in programs)
         )
 
 
 async def _run_program(
-    http: aiohttp.ClientSession, base_url: str, model: str, program: ProgramSpec, start: float
+    http: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    program: ProgramSpec,
+    start: float,
+    vocabulary: PromptVocabulary,
 ) -> ProgramResult:
     await asyncio.sleep(max(0.0, start + program.arrival - time.monotonic()))
     arrived = time.monotonic()
-    text = transcript(program.program_id, max(c.prompt_tokens for c in program.calls))
+    prompt_of = prompts(program, vocabulary)
     done: dict[str, asyncio.Future[None]] = {
         c.id: asyncio.get_running_loop().create_future() for c in program.calls
     }
@@ -146,7 +265,7 @@ async def _run_program(
     async def run_call(call: CallSpec) -> None:
         await asyncio.gather(*(done[dep] for dep in call.after))
         await asyncio.sleep(call.tool_gap)
-        await _complete(http, base_url, model, program.program_id, call, text)
+        await _complete(http, base_url, model, program.program_id, call, prompt_of[call.id])
         done[call.id].set_result(None)
 
     await asyncio.gather(*(run_call(c) for c in program.calls))
@@ -164,7 +283,7 @@ async def _complete(
     model: str,
     program_id: str,
     call: CallSpec,
-    text: str,
+    prompt: list[int],
 ) -> None:
     headers = {
         "X-Autellix-Program-Id": program_id,
@@ -175,7 +294,7 @@ async def _complete(
         headers["X-Autellix-Parent-Thread-Id"] = call.parent_thread
     body = {
         "model": model,
-        "prompt": text[: call.prompt_tokens],
+        "prompt": prompt,
         "max_tokens": call.decode_tokens,
         "ignore_eos": True,
     }
@@ -183,9 +302,16 @@ async def _complete(
         answer = await response.json()
         if response.status != 200:
             raise RuntimeError(f"call {call.id} failed with HTTP {response.status}: {answer}")
-    produced = answer["usage"]["completion_tokens"]
-    if produced != call.decode_tokens:
-        raise RuntimeError(f"call {call.id} produced {produced} tokens, not {call.decode_tokens}")
+    usage = answer["usage"]
+    if usage["completion_tokens"] != call.decode_tokens:
+        raise RuntimeError(
+            f"call {call.id} produced {usage['completion_tokens']} tokens, not {call.decode_tokens}"
+        )
+    if usage["prompt_tokens"] != len(prompt):
+        raise RuntimeError(
+            f"call {call.id}: the engine counted {usage['prompt_tokens']}"
+            f" prompt tokens, not {len(prompt)}"
+        )
 
 
 def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
@@ -220,6 +346,7 @@ def scaled_levels(settings: BenchSettings) -> str:
 
 def engine_config(scheduler: str, settings: BenchSettings, engines_on_host: int) -> EngineConfig:
     return EngineConfig(
+        model=settings.model,
         port=0,
         scheduler=scheduler,
         max_num_seqs=settings.max_num_seqs,
@@ -229,16 +356,31 @@ def engine_config(scheduler: str, settings: BenchSettings, engines_on_host: int)
     )
 
 
-async def _measure(engine: EngineProcess, programs: list[ProgramSpec], settings: BenchSettings):
+@dataclass
+class EngineRun:
+    """One scheduler's replay of the workload: its summary and each program's result."""
+
+    summary: dict[str, Any]
+    results: list[ProgramResult]
+
+
+async def _measure(
+    engine: EngineProcess,
+    programs: list[ProgramSpec],
+    settings: BenchSettings,
+    vocabulary: PromptVocabulary,
+) -> EngineRun:
     started = time.monotonic()
-    results = await replay(engine.base_url, engine.served_model_name, programs, settings)
+    results = await replay(
+        engine.base_url, engine.served_model_name, programs, settings, vocabulary
+    )
     summary = {"scheduler": engine.config.scheduler}
     summary.update(summarize(results, time.monotonic() - started))
     table = await _table(engine.base_url)
     if table.get("enabled"):
         for counter in ("preemptions", "promotions", "demotions"):
             summary[counter] = table[counter]
-    return summary
+    return EngineRun(summary, results)
 
 
 def run_engine_bench(settings: BenchSettings) -> dict[str, Any]:
@@ -246,46 +388,74 @@ def run_engine_bench(settings: BenchSettings) -> dict[str, Any]:
 
     Ratios > 1: the candidate is faster. A short saturating probe of the first
     engine (of both, side by side) measures the decode speed, which sets the
-    arrival window (unless ``settings.rate`` is set).
+    arrival window of a generated workload (unless ``settings.rate`` is set).
     """
-    programs = build_workload(settings)
-    run = _side_by_side if settings.side_by_side else _one_after_another
-    speed, programs, (baseline, candidate) = run(programs, settings)
+    speed, programs, (baseline, candidate) = run_schedulers(settings)
     return {
-        "settings": {
-            "programs": settings.programs,
-            "workload": settings.workload,
-            "seed": settings.seed,
-            "max_num_seqs": settings.max_num_seqs,
-            "token_scale": settings.token_scale,
-            "levels": scaled_levels(settings),
-            "schedulers": list(settings.schedulers),
-            "side_by_side": settings.side_by_side,
-            "probe_tokens_per_s": round(speed, 1),
-            "arrivals_over_s": round(max(p.arrival for p in programs), 2),
-        },
-        "baseline": baseline,
-        "candidate": candidate,
-        "avg_ratio": baseline["avg_latency_per_token_s"] / candidate["avg_latency_per_token_s"],
-        "p95_ratio": baseline["p95_latency_per_token_s"] / candidate["p95_latency_per_token_s"],
+        "settings": settings_summary(settings, speed, programs),
+        "baseline": baseline.summary,
+        "candidate": candidate.summary,
+        "avg_ratio": _ratio(baseline, candidate, "avg_latency_per_token_s"),
+        "p95_ratio": _ratio(baseline, candidate, "p95_latency_per_token_s"),
     }
 
 
-Outcome = tuple[float, list[ProgramSpec], list[dict[str, Any]]]
+def _ratio(baseline: EngineRun, candidate: EngineRun, key: str) -> float:
+    return baseline.summary[key] / candidate.summary[key]
+
+
+def settings_summary(
+    settings: BenchSettings, speed: float, programs: list[ProgramSpec]
+) -> dict[str, Any]:
+    """What a result says about how it was measured."""
+    return {
+        "model": settings.model,
+        "programs": len(programs),
+        "workload": str(settings.trace) if settings.trace else settings.workload,
+        "seed": settings.seed,
+        "max_num_seqs": settings.max_num_seqs,
+        "token_scale": settings.token_scale,
+        "levels": scaled_levels(settings),
+        "schedulers": list(settings.schedulers),
+        "side_by_side": settings.side_by_side,
+        "probe_tokens_per_s": round(speed, 1),
+        "arrivals_over_s": round(max(p.arrival for p in programs), 2),
+    }
+
+
+Outcome = tuple[float, list[ProgramSpec], list[EngineRun]]
+
+
+def run_schedulers(settings: BenchSettings) -> Outcome:
+    """Replay the workload once per scheduler of ``settings.schedulers``: the probed
+    decode speed, the programs as replayed (arrivals set) and each run."""
+    programs = build_workload(settings)
+    run = _side_by_side if settings.side_by_side else _one_after_another
+    return run(programs, settings)
+
+
+def _arrivals(programs: list[ProgramSpec], settings: BenchSettings, speed: float):
+    """A generated workload's arrivals, spread by the probed speed (unless a rate
+    was given); a trace's as built."""
+    if settings.trace is not None or settings.rate is not None:
+        return programs
+    return spread(programs, settings.arrival_window, speed)
 
 
 def _one_after_another(programs: list[ProgramSpec], settings: BenchSettings) -> Outcome:
-    """Each engine alone on the machine; the first one's probe sets the arrivals."""
-    summaries: list[dict[str, Any]] = []
+    """Each engine alone on the machine, warmed up by a probe first; the first
+    engine's probe sets the arrivals."""
+    runs: list[EngineRun] = []
     speed = 0.0
     for scheduler in settings.schedulers:
         with EngineProcess(engine_config(scheduler, settings, engines_on_host=1)) as engine:
-            if not summaries:
-                speed = asyncio.run(probe_speed(engine, settings))
-                if settings.rate is None:
-                    programs = spread(programs, settings.arrival_window, speed)
-            summaries.append(asyncio.run(_measure(engine, programs, settings)))
-    return speed, programs, summaries
+            vocabulary = PromptVocabulary.of_model(engine.model.path)
+            probed = asyncio.run(probe_speed(engine, settings, vocabulary))
+            if not runs:
+                speed = probed
+                programs = _arrivals(programs, settings, speed)
+            runs.append(asyncio.run(_measure(engine, programs, settings, vocabulary)))
+    return speed, programs, runs
 
 
 def _side_by_side(programs: list[ProgramSpec], settings: BenchSettings) -> Outcome:
@@ -293,13 +463,15 @@ def _side_by_side(programs: list[ProgramSpec], settings: BenchSettings) -> Outco
     configs = [engine_config(name, settings, engines_on_host=2) for name in settings.schedulers]
     engines = start_all(configs)
     try:
-        speed = min(asyncio.run(gather_all(*(probe_speed(e, settings) for e in engines))))
-        if settings.rate is None:
-            programs = spread(programs, settings.arrival_window, speed)
-        summaries = asyncio.run(gather_all(*(_measure(e, programs, settings) for e in engines)))
+        vocabulary = PromptVocabulary.of_model(engines[0].model.path)
+        probes = [probe_speed(e, settings, vocabulary) for e in engines]
+        speed = min(asyncio.run(gather_all(*probes)))
+        programs = _arrivals(programs, settings, speed)
+        measures = [_measure(e, programs, settings, vocabulary) for e in engines]
+        runs = asyncio.run(gather_all(*measures))
     finally:
         stop_all(engines)
-    return speed, programs, summaries
+    return speed, programs, runs
 
 
 def spread(programs: list[ProgramSpec], window: float, tokens_per_s: float) -> list[ProgramSpec]:
@@ -311,7 +483,9 @@ def spread(programs: list[ProgramSpec], window: float, tokens_per_s: float) -> l
     return at_rate(programs, target / span)
 
 
-async def probe_speed(engine: EngineProcess, settings: BenchSettings) -> float:
+async def probe_speed(
+    engine: EngineProcess, settings: BenchSettings, vocabulary: PromptVocabulary | None = None
+) -> float:
     """Decode tokens per second with the batch full (second of two rounds: the
     first warms the engine up)."""
     calls = 2 * settings.max_num_seqs
@@ -320,7 +494,9 @@ async def probe_speed(engine: EngineProcess, settings: BenchSettings) -> float:
     )
     seconds = 0.0
     for _ in range(2):
-        (result,) = await replay(engine.base_url, engine.served_model_name, [probe], settings)
+        (result,) = await replay(
+            engine.base_url, engine.served_model_name, [probe], settings, vocabulary
+        )
         seconds = result.latency_s
     return probe.decode_tokens / seconds
 

@@ -1,23 +1,29 @@
 """``autellix bench``: measure the engine extension.
 
 autellix bench engine --quick --json    # program latency: stock FCFS vs Autellix
+autellix bench fidelity --quick --json  # the simulator against the engine, same trace
 autellix bench scheduler --json         # per-step overhead of the scheduler
 autellix bench router --json            # round-robin vs locality on 2 real engines
 autellix bench router-overhead --json   # the router alone, over a minimal upstream
 autellix bench soak --minutes 10 --json # serve under faults and a misbehaving client
 autellix bench sdk --json               # what the client SDK adds to a call
-autellix bench cpu-preset --json        # fit the simulator's cpu-tiny preset on the engine
+autellix bench cpu-preset --json        # fit a simulator cpu-* preset on the engine
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from autellix_vllm.cli import UsageError, print_result
 from autellix_vllm.engine.launcher import SCHEDULERS
+from autellix_vllm.engine.models import MODELS
 from autellix_vllm.workloads import WORKLOAD_SPECS
+
+FIDELITY_QUICK_PROGRAMS = 8
+MODEL_HELP = f"{' or '.join(MODELS)} (built in), or a local model folder (default: %(default)s)"
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -27,14 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     engine = benches.add_parser(
         "engine", help="program latency per token on real engines: stock FCFS vs Autellix"
     )
-    engine.add_argument("--programs", type=int, help="programs in the workload (default 32)")
-    engine.add_argument("--quick", action="store_true", help="16 programs: about 2 minutes")
-    engine.add_argument("--seed", type=int, default=0)
-    engine.add_argument("--workload", default="mixed", choices=list(WORKLOAD_SPECS))
-    engine.add_argument(
-        "--rate", type=float, help="program arrivals per second (default: from the probe)"
-    )
-    engine.add_argument("--max-num-seqs", type=int, help="the engines' batch size (default 2)")
+    _add_workload_arguments(engine)
     engine.add_argument(
         "--schedulers",
         default="fcfs,autellix",
@@ -58,40 +57,113 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     overhead.add_argument("--json", action="store_true", help="print only the JSON result")
     overhead.set_defaults(func=_run_overhead)
 
+    fidelity = benches.add_parser(
+        "fidelity",
+        help="the simulator against the engine: one trace replayed on both, FCFS and Autellix",
+    )
+    _add_workload_arguments(
+        fidelity, quick=f"{FIDELITY_QUICK_PROGRAMS} programs: about 7 minutes on 2 CPU cores"
+    )
+    fidelity.add_argument(
+        "--preset", help="the simulator's preset (default: cpu-smollm2, or cpu-tiny for tiny)"
+    )
+    fidelity.add_argument("--json", action="store_true", help="print only the JSON result")
+    fidelity.set_defaults(func=_run_fidelity)
+
     _add_router_benchmarks(benches)
     _add_soak(benches)
     _add_client_and_calibration(benches)
 
 
-def _run_engine(args: argparse.Namespace) -> int:
-    from autellix_vllm.bench.engine import BenchSettings, run_engine_bench
+def _add_workload_arguments(
+    parser: argparse.ArgumentParser, quick: str = "16 programs: about 10 minutes on 2 CPU cores"
+) -> None:
+    """What a benchmark on one engine replays, and on which engine settings."""
+    parser.add_argument("--model", default="smollm2", help=MODEL_HELP)
+    parser.add_argument(
+        "--programs", type=int, help="programs in the workload (default 32; a trace: all)"
+    )
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument(
+        "--workload", default="mixed", choices=list(WORKLOAD_SPECS),
+        help="a generated workload (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trace", type=Path, metavar="FILE",
+        help="replay this JSONL trace (the simulator's format) instead of --workload"
+        " (default: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--token-scale", type=float,
+        help="token counts x this (default: 0.125 for a workload, 1 for a trace)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rate", type=float,
+        help="program arrivals per second (default: from the probe; a trace's own)",
+    )  # fmt: skip
+    parser.add_argument("--max-num-seqs", type=int, help="the engines' batch size (default 4)")
 
-    schedulers = tuple(args.schedulers.split(","))
-    if len(schedulers) != 2 or not set(schedulers) <= set(SCHEDULERS):
-        raise UsageError(
-            f"--schedulers takes two of {', '.join(SCHEDULERS)}, e.g. vllm,autellix"
-        )
-    overrides: dict[str, Any] = {
-        "seed": args.seed,
-        "workload": args.workload,
-        "schedulers": schedulers,
-        "side_by_side": args.side_by_side,
-    }
-    for option in ("programs", "rate", "max_num_seqs"):
+
+def _bench_settings(args: argparse.Namespace, **overrides: Any) -> Any:
+    """The engine benchmark's settings from :func:`_add_workload_arguments`' flags."""
+    from autellix_vllm.bench.engine import BenchSettings
+
+    overrides.update(seed=args.seed, workload=args.workload, model=args.model)
+    if args.trace is not None:
+        overrides.update(trace=args.trace, programs=None, token_scale=1.0)
+    for option in ("programs", "rate", "max_num_seqs", "token_scale"):
         value = getattr(args, option)
         if value is not None:
             if value <= 0:
                 raise UsageError(f"--{option.replace('_', '-')} must be positive")
             overrides[option] = value
     settings = (BenchSettings.quick if args.quick else BenchSettings)(**overrides)
+    if settings.trace is not None:
+        from autellix_vllm.bench.engine import build_workload
+        from autellix_vllm.workloads import TraceError
+
+        try:
+            build_workload(settings)  # a broken trace is one line before any engine starts
+        except TraceError as error:
+            raise UsageError(str(error)) from None
+    return settings
+
+
+def _describe(name: str, settings: Any) -> str:
+    source = settings.trace or f"{settings.programs} {settings.workload} programs"
+    return (
+        f"autellix bench {name}: {source} on {settings.model},"
+        f" max_num_seqs {settings.max_num_seqs}; {' then '.join(settings.schedulers)}"
+        f"{' side by side' if settings.side_by_side else ''}..."
+    )
+
+
+def _run_engine(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.engine import run_engine_bench
+
+    schedulers = tuple(args.schedulers.split(","))
+    if len(schedulers) != 2 or not set(schedulers) <= set(SCHEDULERS):
+        raise UsageError(f"--schedulers takes two of {', '.join(SCHEDULERS)}, e.g. vllm,autellix")
+    settings = _bench_settings(args, schedulers=schedulers, side_by_side=args.side_by_side)
     if not args.json:
-        print(
-            f"autellix bench engine: {settings.programs} {settings.workload} programs,"
-            f" max_num_seqs {settings.max_num_seqs}; {' then '.join(settings.schedulers)}"
-            f"{' side by side' if settings.side_by_side else ''}...",
-            file=sys.stderr,
-        )
+        print(_describe("engine", settings), file=sys.stderr)
     print_result(run_engine_bench(settings), args.json)
+    return 0
+
+
+def _run_fidelity(args: argparse.Namespace) -> int:
+    from autellix_vllm.bench.fidelity import FidelitySettings, run_fidelity
+
+    quick = {"programs": FIDELITY_QUICK_PROGRAMS} if args.quick else {}
+    bench = _bench_settings(args, **quick)
+    try:
+        settings = FidelitySettings.for_bench(bench, args.preset)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if not args.json:
+        print(_describe("fidelity", settings.bench), file=sys.stderr)
+    print_result(run_fidelity(settings), args.json)
     return 0
 
 
@@ -226,8 +298,13 @@ def _add_client_and_calibration(benches: argparse._SubParsersAction) -> None:
     sdk.set_defaults(func=_run_sdk)
 
     preset = benches.add_parser(
-        "cpu-preset", help="fit the simulator's cpu-tiny step costs on the embedded engine"
+        "cpu-preset", help="fit a simulator cpu-* preset's step costs on a CPU engine"
     )
+    preset.add_argument(
+        "--model", default="tiny",
+        help=f"{' or '.join(MODELS)} (cpu-tiny, cpu-smollm2), or a model folder"
+        " (default: %(default)s)",
+    )  # fmt: skip
     preset.add_argument("--json", action="store_true", help="print only the JSON result")
     preset.set_defaults(func=_run_cpu_preset)
 
@@ -244,5 +321,5 @@ def _run_sdk(args: argparse.Namespace) -> int:
 def _run_cpu_preset(args: argparse.Namespace) -> int:
     from autellix_vllm.bench.cpu_preset import calibrate_cpu_preset
 
-    print_result(calibrate_cpu_preset(), args.json)
+    print_result(calibrate_cpu_preset(args.model), args.json)
     return 0

@@ -60,6 +60,20 @@ one core of the development machine reads: a numpy sum over 256 MiB). It stays
 0: with the launcher's 1,024-token context a full batch reads at most 16k tokens
 (~1.2 ms), and the calibration's 900-token prompts already include their
 attention in ``per_prefill``.
+
+``cpu-smollm2``: SmolLM2-135M-Instruct in bfloat16 (``--model smollm2``) on the
+CPU build of vLLM, the launcher's one OpenMP thread on the 2-core development
+machine, calibrated with ``autellix bench cpu-preset --model smollm2``. Three
+runs, at load averages of 2 to 9 from other jobs, fitted ``step_base`` 16.8,
+17.0 and 22.5 ms (each step streams the 270 MB of weights), ``per_decode``
+2.4, 2.0 and 1.6 ms a sequence, ``per_prefill`` 1.48, 0.88 and 1.29 ms a
+prompt token (270 MFLOP a token on one core), and ``per_context_token`` 6.6,
+7.1 and 0 us a token of decode context (the step at 4 sequences of 800-token
+prompts against 2-token ones); the preset takes the medians. Unlike
+``cpu-tiny``'s, this model's steps are model work, so decode context and
+prefill matter. The batch and KV are the launcher's defaults: 16 sequences,
+1 GiB of KV at 23,040 bytes a token = 46,592 tokens, 364 of vLLM's CPU blocks
+of 128 tokens (vLLM's own count at startup).
 """
 
 from __future__ import annotations
@@ -73,6 +87,9 @@ PCIE4_X16_BYTES_PER_S = 25e9
 
 # Llama-3.1-8B: 32 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes (bf16).
 LLAMA8B_KV_BYTES_PER_TOKEN = 32 * 8 * 128 * 2 * 2
+
+# SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x (K, V) x 2 bytes (bf16).
+SMOLLM2_KV_BYTES_PER_TOKEN = 30 * 3 * 64 * 2 * 2
 
 # What a100-llama8b-kv adds to a100-llama8b: the context terms of Llama-3.1-8B on
 # an A100-80GB (module doc), the KV read at ~2 TB/s and the attention (32 layers x
@@ -184,6 +201,18 @@ PRESETS: dict[str, EnginePreset] = {
         kv_blocks=16_384,
         block_size=128,
         kv_bytes_per_token=512,
+    ),
+    "cpu-smollm2": EnginePreset(
+        "cpu-smollm2",
+        step_base=0.017,
+        per_decode=0.002,
+        per_prefill=0.0013,
+        per_context_token=0.0000066,
+        max_num_seqs=16,
+        token_budget=2048,
+        kv_blocks=364,
+        block_size=128,
+        kv_bytes_per_token=SMOLLM2_KV_BYTES_PER_TOKEN,
     ),
 }
 

@@ -1,0 +1,109 @@
+"""How well the simulator predicts the engine: ``autellix bench fidelity``.
+
+One workload is replayed on the real engine (:mod:`autellix_vllm.bench.engine`,
+stock vLLM then the Autellix scheduler, one after the other) and in the
+simulator, on exactly what the engine saw: the same programs (token counts as
+replayed, tool gaps) and arrival times, the engine's seats and level
+boundaries, and the preset calibrated for the model (``cpu-smollm2``,
+``cpu-tiny``). Two numbers say how close they are:
+
+* ``median_rel_error``: per scheduler, the median over programs of
+  |simulated latency - engine latency| / engine latency;
+* ``ratio``: FCFS's average program latency per token over Autellix's, on the
+  engine and in the simulator: the scheduler's effect, which is what the
+  simulator's results are read for.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autellix_vllm.bench.engine import (
+    BenchSettings,
+    ProgramResult,
+    run_schedulers,
+    scaled_levels,
+    settings_summary,
+)
+from autellix_vllm.policy import Levels, PolicyConfig
+from autellix_vllm.sim.presets import get_preset
+from autellix_vllm.sim.run import simulate
+from autellix_vllm.workloads.trace import ProgramSpec
+
+# The simulator's preset for each built-in model's CPU engine.
+PRESET_OF_MODEL = {"smollm2": "cpu-smollm2", "tiny": "cpu-tiny"}
+# Engine scheduler -> the simulator's policy of the same order. vLLM's engine
+# caches prefixes, hence vllm-opt.
+SIM_POLICY_OF = {"fcfs": "vllm-opt", "autellix": "autellix"}
+
+
+@dataclass(frozen=True)
+class FidelitySettings:
+    bench: BenchSettings  # the workload and the engine's settings
+    preset: str
+
+    @classmethod
+    def for_bench(cls, bench: BenchSettings, preset: str | None = None) -> FidelitySettings:
+        """Both schedulers on ``bench``'s workload; ``preset`` defaults to the model's
+        (ValueError for an unknown preset, or a model without one)."""
+        if preset is None:
+            if bench.model not in PRESET_OF_MODEL:
+                raise ValueError(f"no preset is calibrated for {bench.model}: pass --preset")
+            preset = PRESET_OF_MODEL[bench.model]
+        get_preset(preset)
+        return cls(replace(bench, schedulers=tuple(SIM_POLICY_OF)), preset)  # type: ignore[arg-type]
+
+
+def run_fidelity(settings: FidelitySettings) -> dict[str, Any]:
+    """Replay on the engine under both schedulers, then in the simulator; compare."""
+    speed, programs, runs = run_schedulers(settings.bench)
+    engine = {run.summary["scheduler"]: run.results for run in runs}
+    result = compare(programs, engine, settings)
+    result["settings"] = {
+        **settings_summary(settings.bench, speed, programs),
+        "preset": settings.preset,
+    }
+    return result
+
+
+def compare(
+    programs: list[ProgramSpec],
+    engine: dict[str, list[ProgramResult]],
+    settings: FidelitySettings,
+) -> dict[str, Any]:
+    """Simulate ``programs`` under each scheduler's policy and compare with the
+    engine's results (``engine``: scheduler -> its programs' results)."""
+    bench = settings.bench
+    config = PolicyConfig(levels=Levels.parse(scaled_levels(bench)))
+    decode = {p.program_id: p.decode_tokens for p in programs}
+    errors: dict[str, float] = {}
+    averages: dict[str, dict[str, float]] = {"engine": {}, "sim": {}}
+    latencies: dict[str, dict[str, dict[str, float]]] = {pid: {} for pid in decode}
+    for scheduler, policy in SIM_POLICY_OF.items():
+        simulated = simulate(
+            programs,
+            policy,
+            preset=settings.preset,
+            max_num_seqs=bench.max_num_seqs,
+            config=config,
+        ).latency_per_token
+        measured = {r.program_id: r.latency_per_token for r in engine[scheduler]}
+        errors[scheduler] = statistics.median(
+            abs(simulated[pid] - measured[pid]) / measured[pid] for pid in measured
+        )
+        averages["engine"][scheduler] = statistics.fmean(measured.values())
+        averages["sim"][scheduler] = statistics.fmean(simulated[pid] for pid in measured)
+        for pid in measured:
+            latencies[pid][scheduler] = {
+                "engine": round(measured[pid] * decode[pid], 3),
+                "sim": round(simulated[pid] * decode[pid], 3),
+            }
+    return {
+        "median_rel_error": errors,
+        "ratio": {where: avg["fcfs"] / avg["autellix"] for where, avg in averages.items()},
+        "avg_latency_per_token_s": averages,
+        # Each program's latency in seconds, per scheduler, on the engine and simulated.
+        "program_latency_s": latencies,
+    }

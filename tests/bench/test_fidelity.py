@@ -1,0 +1,66 @@
+"""`autellix bench fidelity` without an engine: the comparison of the engine's
+results with the simulator's, and the command's checks before anything starts."""
+
+import subprocess
+import sys
+
+import pytest
+from autellix_vllm.bench.engine import BenchSettings, ProgramResult, build_workload
+from autellix_vllm.bench.fidelity import FidelitySettings, compare
+from autellix_vllm.policy import Levels, PolicyConfig
+from autellix_vllm.sim.run import simulate
+
+
+def test_the_comparison_reports_median_errors_and_both_ratios():
+    bench = BenchSettings(programs=6, model="tiny", max_num_seqs=2, rate=2.0)
+    settings = FidelitySettings.for_bench(bench)
+    assert settings.preset == "cpu-tiny" and settings.bench.schedulers == ("fcfs", "autellix")
+    programs = build_workload(settings.bench)
+    config = PolicyConfig(levels=Levels.parse("0,16,64,256,1024,4096"))
+    # An "engine" 25% slower than the simulator under FCFS and 20% faster under Autellix.
+    factors = {"fcfs": ("vllm-opt", 1.25), "autellix": ("autellix", 0.8)}
+    engine, simulated_avg = {}, {}
+    for scheduler, (policy, factor) in factors.items():
+        per_token = simulate(
+            programs, policy, preset="cpu-tiny", max_num_seqs=2, config=config
+        ).latency_per_token
+        simulated_avg[scheduler] = sum(per_token.values()) / len(per_token)
+        engine[scheduler] = [
+            ProgramResult(p.program_id, len(p.calls), p.decode_tokens,
+                          per_token[p.program_id] * p.decode_tokens * factor)
+            for p in programs
+        ]  # fmt: skip
+
+    result = compare(programs, engine, settings)
+
+    assert result["median_rel_error"] == pytest.approx({"fcfs": 0.2, "autellix": 0.25})
+    sim_ratio = simulated_avg["fcfs"] / simulated_avg["autellix"]
+    assert result["ratio"] == pytest.approx({"engine": sim_ratio * 1.25 / 0.8, "sim": sim_ratio})
+    assert result["avg_latency_per_token_s"]["sim"] == pytest.approx(simulated_avg)
+    first = result["program_latency_s"][programs[0].program_id]
+    assert first["fcfs"]["engine"] == pytest.approx(first["fcfs"]["sim"] * 1.25, abs=0.002)
+
+
+def test_a_preset_is_needed_and_must_exist():
+    assert FidelitySettings.for_bench(BenchSettings()).preset == "cpu-smollm2"
+    with pytest.raises(ValueError, match="no preset is calibrated for /my/model"):
+        FidelitySettings.for_bench(BenchSettings(model="/my/model"))
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        FidelitySettings.for_bench(BenchSettings(), "nope")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["fidelity", "--preset", "nope"], "unknown preset 'nope'"),
+        (["engine", "--trace", "/no/such/trace.jsonl"], "cannot read trace"),
+        (["engine", "--token-scale", "0"], "--token-scale must be positive"),
+    ],
+)
+def test_bad_input_is_refused_before_any_engine_starts(options, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "autellix_vllm", "bench", *options, "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == "" and message in out.stderr and len(out.stderr.splitlines()) == 1
