@@ -36,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     _add_workload_arguments(engine)
     engine.add_argument(
         "--schedulers",
+        "--scheduler",
         default="fcfs,autellix",
         help=f"baseline,candidate ({', '.join(SCHEDULERS)}: as engine --scheduler);"
         " the same twice measures the noise floor",
@@ -51,9 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     overhead = benches.add_parser(
         "scheduler", help="median time the Autellix scheduler adds to each schedule() call"
     )
-    overhead.add_argument("--running", type=int, default=256)
-    overhead.add_argument("--waiting", type=int, default=1000)
-    overhead.add_argument("--steps", type=int, default=200)
+    overhead.add_argument("--running", type=int, default=256, help="calls in the batch")
+    overhead.add_argument("--waiting", type=int, default=1000, help="calls queued")
+    overhead.add_argument("--steps", type=int, default=200, help="steps timed per scheduler")
     overhead.add_argument("--json", action="store_true", help="print only the JSON result")
     overhead.set_defaults(func=_run_overhead)
 
@@ -146,8 +147,7 @@ def _run_engine(args: argparse.Namespace) -> int:
     if len(schedulers) != 2 or not set(schedulers) <= set(SCHEDULERS):
         raise UsageError(f"--schedulers takes two of {', '.join(SCHEDULERS)}, e.g. vllm,autellix")
     settings = _bench_settings(args, schedulers=schedulers, side_by_side=args.side_by_side)
-    if not args.json:
-        print(_describe("engine", settings), file=sys.stderr)
+    print(_describe("engine", settings), file=sys.stderr)  # stdout: the result alone
     print_result(run_engine_bench(settings), args.json)
     return 0
 
@@ -161,8 +161,7 @@ def _run_fidelity(args: argparse.Namespace) -> int:
         settings = FidelitySettings.for_bench(bench, args.preset)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    if not args.json:
-        print(_describe("fidelity", settings.bench), file=sys.stderr)
+    print(_describe("fidelity", settings.bench), file=sys.stderr)
     print_result(run_fidelity(settings), args.json)
     return 0
 
@@ -181,10 +180,12 @@ def _add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
         "router",
         help="round-robin vs locality routing on real engines (program latency per token)",
     )
-    router.add_argument("--programs", type=int, default=32)
+    router.add_argument("--programs", type=int, default=32, help="programs in the workload")
     router.add_argument("--rate", type=float, default=4.0, help="program arrivals per second")
-    router.add_argument("--seed", type=int, default=0)
-    router.add_argument("--workload", default="sharegpt", choices=list(WORKLOAD_SPECS))
+    router.add_argument("--seed", type=int, default=0, help="the workload generator's seed")
+    router.add_argument(
+        "--workload", default="sharegpt", choices=list(WORKLOAD_SPECS), help="what is replayed"
+    )
     router.add_argument("--token-scale", type=float, default=0.5, help="workload tokens x this")
     router.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch size")
     router.add_argument("--engines", type=int, default=2, help="engines per policy")
@@ -201,7 +202,10 @@ def _add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
         help="the router's prompt-size estimate (1: the tiny model's tokenizer; ~4 for BPE)",
     )
     router.add_argument(
-        "--upstream", action="append", metavar="URL", help="use running engines (repeatable)"
+        "--upstream",
+        action="append",
+        metavar="URL",
+        help="use running engines (repeatable; default: start --engines engines)",
     )
     router.add_argument("--json", action="store_true", help="print only the JSON result")
     router.add_argument("vllm_args", nargs="*", help="extra vLLM arguments, after --")
@@ -213,7 +217,12 @@ def _add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
     )
     overhead.add_argument("--seconds", type=float, default=10.0, help="throughput phase")
     overhead.add_argument("--concurrency", type=int, default=32, help="connections")
-    overhead.add_argument("--latency-calls", type=int, default=2000)
+    overhead.add_argument(
+        "--latency-calls",
+        type=int,
+        default=2000,
+        help="timed calls of the latency phase, direct and routed each",
+    )
     overhead.add_argument("--json", action="store_true", help="print only the JSON result")
     overhead.set_defaults(func=_run_router_overhead)
 
@@ -234,12 +243,11 @@ def _run_router(args: argparse.Namespace) -> int:
         token_scale=args.token_scale,
         max_num_seqs=args.max_num_seqs,
     )
-    if not args.json:
-        print(
-            f"autellix bench router: {settings.programs} {settings.workload} programs, twice"
-            f" (round-robin, locality) over {len(args.upstream or []) or args.engines} engines",
-            file=sys.stderr,
-        )
+    print(
+        f"autellix bench router: {settings.programs} {settings.workload} programs, twice"
+        f" (round-robin, locality) over {len(args.upstream or []) or args.engines} engines",
+        file=sys.stderr,
+    )
     result = run_router_bench(
         settings,
         threshold=args.locality_threshold,
@@ -271,7 +279,7 @@ def _add_soak(benches: argparse._SubParsersAction) -> None:
     )
     soak.add_argument("--minutes", type=float, default=10.0, help="how long the load runs")
     soak.add_argument("--rate", type=float, default=1.0, help="agent programs started per second")
-    soak.add_argument("--seed", type=int, default=0)
+    soak.add_argument("--seed", type=int, default=0, help="the agents' random seed")
     soak.add_argument("--json", action="store_true", help="print only the JSON result")
     soak.set_defaults(func=_run_soak)
 
