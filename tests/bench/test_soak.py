@@ -87,7 +87,10 @@ def test_a_short_soak_loses_nothing_accepts_no_forgery_and_leaves_nothing_behind
     for kind, tally in result["misbehaviour"].items():
         assert tally["sent"] >= 1 and not tally["unexpected"], (kind, tally)
     assert result["engine_table_scans"] >= 3 and 0 < result["largest_honest_service"] < 1e6
-    assert result["health"]["probes"] > 50 and not result["health"]["not_200"]
+    health = result["health"]
+    assert health["probes"] > 50 and not health["not_200"]
+    assert health["max_ms"] == result["max_health_ms"] == health["slowest"][0]["ms"]
+    assert 0 < health["max_router_on_cpu_ms"] <= 1000 * result["seconds"]
     assert 0 < result["router_rss_mb"] < 500
     # Nothing left running: serve, and every engine group it had.
     assert not os.path.exists(f"/proc/{result['serve_pid']}")

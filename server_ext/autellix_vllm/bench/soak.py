@@ -21,9 +21,12 @@ admin key; two tiny engines are what two CPU cores hold) and, for M minutes:
   engine key), call ids reused after completion and at once, a 100,000-deep
   JSON body and a 950-deep ``messages``, and a flood of programs up to its
   per-key cap. Each kind has one expected answer; any other is reported;
-* **the router is watched**: ``GET /health`` every 100 ms from a thread of its
+* **the router is watched**: ``GET /health`` every 100 ms from a process of its
   own (the longest answer is ``max_health_ms``), and the resident memory of
-  serve's process, where the router runs (``router_rss_mb``, at the end).
+  serve's process, where the router runs (``router_rss_mb``, at the end). The
+  slowest probes are listed with where their time went (the router's event
+  loop on a CPU or waiting for one, the probe waiting for one), which tells a
+  router that stalls from a machine too busy to run it.
 
 ``forged_accepted`` counts the programs whose record on an engine ever showed a
 forged prior service (both engines' tables are read every 2 s with the engine
@@ -39,6 +42,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -216,72 +220,186 @@ def _kill_group(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-# ---- the router's health and memory, from a thread of its own ------------------------
+# ---- the router's health and memory, from a process of its own ----------------------
 
 
-class RouterWatch(threading.Thread):
+@dataclass(frozen=True)
+class Probe:
+    """One ``GET /health``: when, how long, and where the time went, from the
+    kernel's schedstat. The router's event loop (the main thread of serve's
+    process) ran on a CPU, or was ready to run and waited for one (a machine busy
+    elsewhere), or slept (for the request, for I/O, or for the GIL while serve's
+    other threads ran: they pump the engines' logs and supervise them); the
+    probe itself may have waited for a CPU too."""
+
+    at_s: float
+    ms: float
+    router_on_cpu_ms: float
+    router_waiting_for_cpu_ms: float
+    serve_other_threads_on_cpu_ms: float
+    probe_waiting_for_cpu_ms: float
+
+
+@dataclass(frozen=True)
+class WatchControl:
+    """Shared between the bench and :func:`watch_router`'s process."""
+
+    stop: Any  # a multiprocessing Event: set to stop probing
+    worst_ms: Any  # multiprocessing Values (doubles), for the progress lines
+    rss_mb: Any
+
+
+@dataclass
+class Watched:
+    """What :func:`watch_router` saw; sent back to the bench when it stops."""
+
+    probes: list[Probe] = field(default_factory=list)
+    not_ok: Counter[str] = field(default_factory=Counter)
+    rss_mb: list[float] = field(default_factory=list)
+
+
+def watch_router(
+    url: str,
+    key: str,
+    pid: int,
+    interval_s: float,
+    began: float,
+    shared: WatchControl,
+    results: Any,
+) -> None:
     """``GET /health`` every ``interval_s`` on one kept-alive connection, and the
-    resident memory (VmRSS) of the router's process every second. A thread, so a
-    busy event loop in the bench does not delay the probes."""
+    resident memory (VmRSS) of the router's process ``pid`` every second, until
+    ``shared.stop`` is set; then :class:`Watched` goes through ``results``. Runs
+    in a process of its own, so that nothing the bench does (its event loop, its
+    garbage collector) delays a probe. ``began`` is the run's start on the
+    system-wide monotonic clock."""
+    watched = Watched()
+    host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 80
+    connection = http.client.HTTPConnection(host, port, timeout=30)
+    headers = {"Authorization": f"Bearer {key}"}
 
-    def __init__(self, url: str, key: str, pid: int, interval_s: float) -> None:
-        super().__init__(daemon=True)
-        parts = urlsplit(url)
-        self.address = (parts.hostname or "127.0.0.1", parts.port or 80)
-        self.headers = {"Authorization": f"Bearer {key}"}
-        self.pid = pid
-        self.interval_s = interval_s
-        self.latencies_ms: list[float] = []
-        self.worst_at_s = 0.0
-        self.not_ok: Counter[str] = Counter()
-        self.rss_mb: list[float] = []
-        self.began = time.monotonic()
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        connection = http.client.HTTPConnection(*self.address, timeout=30)
-        next_rss = 0.0
-        while not self.stopping.wait(self.interval_s):
-            began = time.perf_counter()
-            status = self._health(connection)
-            if status is None:  # a closed connection: one more try on a new one
-                connection.close()
-                status = self._health(connection)
-            elapsed_ms = (time.perf_counter() - began) * 1000
-            if not self.latencies_ms or elapsed_ms > max(self.latencies_ms):
-                self.worst_at_s = time.monotonic() - self.began
-            self.latencies_ms.append(elapsed_ms)
-            if status != 200:
-                self.not_ok[str(status)] += 1
-            if time.monotonic() >= next_rss:
-                next_rss = time.monotonic() + 1.0
-                if (rss := resident_mb(self.pid)) is not None:
-                    self.rss_mb.append(rss)
-        connection.close()
-
-    def _health(self, connection: http.client.HTTPConnection) -> int | None:
+    def health() -> int | None:
         try:
-            connection.request("GET", "/health", headers=self.headers)
+            connection.request("GET", "/health", headers=headers)
             answer = connection.getresponse()
             answer.read()
             return answer.status
         except (OSError, http.client.HTTPException):
+            connection.close()  # the next request opens a new connection
             return None
 
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join()
+    next_rss = 0.0
+    bench = os.getppid()
+    while not shared.stop.wait(interval_s) and os.getppid() == bench:  # ends with the bench
+        before = cpu_times(pid, os.getpid())
+        sent = time.perf_counter()
+        status = health() or health()  # a closed keep-alive connection gets one more try
+        elapsed_ms = (time.perf_counter() - sent) * 1000
+        spent = (max(0.0, a - b) for a, b in zip(cpu_times(pid, os.getpid()), before, strict=True))
+        watched.probes.append(Probe(time.monotonic() - began, elapsed_ms, *spent))
+        shared.worst_ms.value = max(shared.worst_ms.value, elapsed_ms)
+        if status != 200:
+            watched.not_ok[str(status)] += 1
+        if time.monotonic() >= next_rss:
+            next_rss = time.monotonic() + 1.0
+            if (rss := resident_mb(pid)) is not None:
+                watched.rss_mb.append(rss)
+                shared.rss_mb.value = rss
+    connection.close()
+    results.send(watched)
 
-    def summary(self) -> dict[str, Any]:
-        ordered = sorted(self.latencies_ms) or [0.0]
+
+class RouterWatch:
+    """:func:`watch_router` in a process of its own, and what it saw."""
+
+    def __init__(self, url: str, key: str, pid: int, interval_s: float, began: float) -> None:
+        context = multiprocessing.get_context("spawn")  # no copy of the bench's threads
+        self.shared = WatchControl(
+            stop=context.Event(), worst_ms=context.Value("d", 0.0), rss_mb=context.Value("d", 0.0)
+        )
+        self._results, sending = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=watch_router,
+            args=(url, key, pid, interval_s, began, self.shared, sending),
+            daemon=True,
+        )
+        self.watched = Watched()
+
+    def start(self) -> None:
+        self._process.start()
+
+    def stop(self) -> None:
+        self.shared.stop.set()
+        if self._results.poll(30):
+            self.watched = self._results.recv()
+        self._process.join(10)
+
+    @property
+    def worst_ms(self) -> float:
+        """So far (read while it runs)."""
+        return self.shared.worst_ms.value
+
+    @property
+    def rss_mb(self) -> float:
+        """The latest sample (read while it runs)."""
+        return self.shared.rss_mb.value
+
+    def summary(self, events: list[Event]) -> dict[str, Any]:
+        """Percentiles, and the five slowest probes with the events they fell in."""
+        probes = self.watched.probes
+        ordered = sorted(probe.ms for probe in probes) or [0.0]
+        slowest = sorted(probes, key=lambda probe: probe.ms, reverse=True)[:5]
         return {
-            "probes": len(self.latencies_ms),
+            "probes": len(probes),
             "p50_ms": round(ordered[len(ordered) // 2], 1),
             "p99_ms": round(ordered[int(len(ordered) * 0.99)], 1),
             "max_ms": round(ordered[-1], 1),
-            "max_at_s": round(self.worst_at_s, 1),
-            "not_200": dict(self.not_ok),
+            # The longest the router's own work can have held up one probe.
+            "max_router_on_cpu_ms": round(max((p.router_on_cpu_ms for p in probes), default=0), 1),
+            "slowest": [
+                {
+                    **{name: round(value, 1) for name, value in vars(probe).items()},
+                    "during": [event.name for event in events if event.covers(probe.at_s)],
+                }
+                for probe in slowest
+            ],
+            "not_200": dict(self.watched.not_ok),
         }
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the run did to the system, from ``start_s`` to ``end_s`` into the run."""
+
+    name: str
+    start_s: float
+    end_s: float
+
+    def covers(self, at_s: float) -> bool:
+        return self.start_s <= at_s <= self.end_s
+
+
+def cpu_times(serve: int, probe: int) -> tuple[float, float, float, float]:
+    """Milliseconds so far: serve's main thread on a CPU and waiting for one, serve's
+    other threads on a CPU, and the probe's thread waiting for one (Linux
+    ``/proc/<pid>/task/<tid>/schedstat``; zeros elsewhere)."""
+    main_on_cpu, main_waiting = schedstat(serve, serve)
+    others = 0.0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{serve}/task"):
+            if int(tid) != serve:
+                others += schedstat(serve, int(tid))[0]
+    return main_on_cpu, main_waiting, others, schedstat(probe, probe)[1]
+
+
+def schedstat(pid: int, tid: int) -> tuple[float, float]:
+    """Milliseconds thread ``tid`` of ``pid`` has run on a CPU, and waited for one."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+            on_cpu_ns, waiting_ns, _ = stat.read().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(on_cpu_ns) / 1e6, int(waiting_ns) / 1e6
 
 
 def resident_mb(pid: int) -> float | None:
@@ -490,6 +608,9 @@ class Mallory:
     # Calls an engine answered without the engine key.
     engine_accepted: int = 0
     rounds: int = 0
+    # When each flood ran (the run's start is set by misbehave()).
+    floods: list[Event] = field(default_factory=list)
+    began: float = 0.0
 
     def __post_init__(self) -> None:
         self.tallies = {
@@ -511,7 +632,8 @@ class Mallory:
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
 
-    async def misbehave(self, until: float) -> None:
+    async def misbehave(self, began: float, until: float) -> None:
+        self.began = began
         while time.monotonic() < until:
             round_began = time.monotonic()
             await self.one_round()
@@ -524,7 +646,9 @@ class Mallory:
         await self.send_deep_json()
         await self.end_program(own)
         if self.rounds % FLOOD_EVERY_ROUNDS == 0:
+            flood_began = time.monotonic() - self.began
             await self.flood()
+            self.floods.append(Event("flood", flood_began, time.monotonic() - self.began))
         await self.tables.scan()  # did any forgery of this round count?
         self.rounds += 1
 
@@ -722,6 +846,7 @@ class Soak:
     honest: HonestAgents
     tables: EngineTables
     mallory: Mallory
+    watch: RouterWatch
 
     def __init__(self, settings: SoakSettings, served: Served, keys: Keys) -> None:
         self.settings = settings
@@ -729,9 +854,6 @@ class Soak:
         self.keys = keys
         self.duration_s = settings.minutes * 60
         self.rng = random.Random(settings.seed)
-        self.watch = RouterWatch(
-            served.url, keys.admin, served.process.pid, settings.health_interval_s
-        )
 
     async def run(self) -> dict[str, Any]:
         timeout = aiohttp.ClientTimeout(total=120)
@@ -770,11 +892,15 @@ class Soak:
             f"running {settings.minutes:g} min: {settings.rate:g} programs/s, one engine"
             f" killed at {kill_at_s:.0f} s, a misbehaving client"
         )
-        self.watch.start()
         began = time.monotonic()
         until = began + self.duration_s
+        self.watch = RouterWatch(
+            self.served.url, self.keys.admin, self.served.process.pid,
+            settings.health_interval_s, began,
+        )  # fmt: skip
+        self.watch.start()
         background = [
-            asyncio.create_task(self.mallory.misbehave(until)),
+            asyncio.create_task(self.mallory.misbehave(began, until)),
             asyncio.create_task(_every(TABLE_SCAN_EVERY_S, until, self.tables.scan)),
             asyncio.create_task(_every(PROGRESS_EVERY_S, until, lambda: self._progress(began))),
         ]
@@ -805,8 +931,7 @@ class Soak:
 
     async def _progress(self, began: float) -> None:
         honest, watch = self.honest, self.watch
-        worst = max(watch.latencies_ms, default=0.0)
-        rss = watch.rss_mb[-1] if watch.rss_mb else 0.0
+        worst, rss = watch.worst_ms, watch.rss_mb
         say(
             f"{time.monotonic() - began:.0f} s: {honest.programs} programs ({honest.completed}"
             f" done, {len(honest.live)} running, {honest.lost} lost), {honest.calls} calls;"
@@ -826,7 +951,11 @@ class Soak:
         lost = honest.lost + unfinished
         forged_accepted = len(self.tables.forged) + mallory.engine_accepted
         unexpected = sum(sum(t.unexpected.values()) for t in mallory.tallies.values())
-        health = watch.summary()
+        events = [*mallory.floods]
+        if kill.back_in_rotation_s is not None:
+            events.append(Event("engine down", kill.at_s, kill.at_s + kill.back_in_rotation_s))
+        health = watch.summary(events)
+        rss_mb = watch.watched.rss_mb
         failed_checks = [
             check
             for check, failed in (
@@ -845,7 +974,7 @@ class Soak:
             "engine_restarts": self.served.restarts,
             "forged_accepted": forged_accepted,
             "max_health_ms": health["max_ms"],
-            "router_rss_mb": _rounded(watch.rss_mb[-1] if watch.rss_mb else None),
+            "router_rss_mb": _rounded(rss_mb[-1] if rss_mb else None),
             "passed": not failed_checks,
             "failed_checks": failed_checks,
             "settings": {
@@ -868,7 +997,7 @@ class Soak:
             "kill": vars(kill),
             "health": health,
             "router_rss_start_mb": _rounded(rss_at_start),
-            "router_rss_max_mb": _rounded(max(watch.rss_mb, default=None)),
+            "router_rss_max_mb": _rounded(max(rss_mb, default=None)),
             "misbehaviour_rounds": mallory.rounds,
             "misbehaviour_unexpected": unexpected,
             "misbehaviour": {kind: tally.summary() for kind, tally in mallory.tallies.items()},
