@@ -6,8 +6,9 @@ Starts one real engine (stock FCFS scheduling; the tiny random-weight model for
 * the decode step time at batch sizes 1, 2, 4 and 8: b concurrent requests
   decoding 144 tokens minus b decoding 16, over the 128 extra tokens (median of
   three rounds each), fitted as ``step_base + per_decode * b``;
-* the prefill cost per prompt token (time to the first token of a long prompt,
-  minus one base step, over the prompt length).
+* the prefill cost per prompt token: the time to the first token of a long
+  prompt minus that of a short one (HTTP and step overheads cancel out), over
+  the difference in length (medians of five prompts no cache holds).
 
 * the decode step at 4 sequences whose prompts are ``PROMPT_TOKENS`` long, the
   same way: how much a step's cost grows with the context its decodes attend
@@ -34,6 +35,7 @@ CONTEXT_BATCH = 4  # sequences of the long-context decode measurement
 SHORT, LONG = 16, 144  # decode lengths whose difference isolates the decode steps
 PROMPT_TOKENS = 800  # fits the launcher's 1,024-token context with LONG decoded
 SHORT_PROMPT_TOKENS = 2
+SHORT_PREFILL_TOKENS = 32
 
 
 async def batch_time(
@@ -78,21 +80,27 @@ async def measure(base_url: str, model: str, vocabulary: PromptVocabulary) -> di
         (b - mean_b) ** 2 for b in BATCHES
     )
     base = mean_t - slope * mean_b
-    prefill = []
-    for prompt in prompts(5, PROMPT_TOKENS):  # five prompts no cache holds
-        t0 = time.perf_counter()
-        await client.completions.create(model=model, prompt=prompt, max_tokens=1)
-        prefill.append(time.perf_counter() - t0)
-    per_prefill = max(0.0, (statistics.median(prefill) - base) / PROMPT_TOKENS)
+
+    async def first_token_s(length: int) -> float:
+        times = []
+        for prompt in prompts(5, length):  # prompts no cache holds
+            t0 = time.perf_counter()
+            await client.completions.create(model=model, prompt=prompt, max_tokens=1)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    short_prefill = await first_token_s(SHORT_PREFILL_TOKENS)
+    long_prefill = await first_token_s(PROMPT_TOKENS)
+    per_prefill = (long_prefill - short_prefill) / (PROMPT_TOKENS - SHORT_PREFILL_TOKENS)
     long_context = await decode_step(client, model, prompts(CONTEXT_BATCH, PROMPT_TOKENS))
-    # Mean context over the decode steps that differ: the prompt plus the middle of
-    # the SHORT..LONG stretch, against the short prompts' equivalent.
+    # The extra context each step's decodes read: the longer prompts' extra tokens
+    # (both runs decode the same tokens on top).
     extra_context = CONTEXT_BATCH * (PROMPT_TOKENS - SHORT_PROMPT_TOKENS)
     await client.close()
     return {
         "step_base": base,
         "per_decode": max(0.0, slope),
-        "per_prefill": per_prefill,
+        "per_prefill": max(0.0, per_prefill),
         "per_context_token": max(0.0, (long_context - steps[CONTEXT_BATCH]) / extra_context),
         **{f"step_at_batch_{b}": t for b, t in steps.items()},
         f"step_at_batch_{CONTEXT_BATCH}_context_{PROMPT_TOKENS}": long_context,

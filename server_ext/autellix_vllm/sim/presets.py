@@ -63,13 +63,18 @@ attention in ``per_prefill``.
 
 ``cpu-smollm2``: SmolLM2-135M-Instruct in bfloat16 (``--model smollm2``) on the
 CPU build of vLLM, the launcher's one OpenMP thread on the 2-core development
-machine, calibrated with ``autellix bench cpu-preset --model smollm2``. Three
-runs, at load averages of 2 to 9 from other jobs, fitted ``step_base`` 16.8,
-17.0 and 22.5 ms (each step streams the 270 MB of weights), ``per_decode``
-2.4, 2.0 and 1.6 ms a sequence, ``per_prefill`` 1.48, 0.88 and 1.29 ms a
-prompt token (270 MFLOP a token on one core), and ``per_context_token`` 6.6,
-7.1 and 0 us a token of decode context (the step at 4 sequences of 800-token
-prompts against 2-token ones); the preset takes the medians. Unlike
+machine, calibrated with ``autellix bench cpu-preset --model smollm2``. Four
+runs, at load averages of 2 to 13 from other jobs (a fifth, caught by a load
+spike, fitted nonsense and is left out), fitted ``step_base`` 12.0, 16.8, 17.0
+and 22.5 ms (each step streams the 270 MB of weights), ``per_decode`` 1.6, 2.0,
+2.4 and 3.6 ms a sequence, and ``per_context_token`` 0, 4.4, 6.6 and 7.1 us a
+token of decode context (the step at 4 sequences of 800-token prompts against
+2-token ones); the preset takes the medians. ``per_prefill`` 0.8 ms a prompt
+token (0.73 and 0.87 ms; 270 MFLOP a token on one core) is the difference of
+the times to the first token of 800- and 32-token prompts: the first three
+runs divided an 800-token prompt's whole time to the first token, which came
+out at 0.9-1.5 ms and made the simulator's programs 30-40% slower than the
+engine's (``autellix bench fidelity``, docs/benchmarks.md). Unlike
 ``cpu-tiny``'s, this model's steps are model work, so decode context and
 prefill matter. The batch and KV are the launcher's defaults: 16 sequences,
 1 GiB of KV at 23,040 bytes a token = 46,592 tokens, 364 of vLLM's CPU blocks
@@ -204,10 +209,10 @@ PRESETS: dict[str, EnginePreset] = {
     ),
     "cpu-smollm2": EnginePreset(
         "cpu-smollm2",
-        step_base=0.017,
-        per_decode=0.002,
-        per_prefill=0.0013,
-        per_context_token=0.0000066,
+        step_base=0.0169,
+        per_decode=0.0022,
+        per_prefill=0.0008,
+        per_context_token=0.0000055,
         max_num_seqs=16,
         token_budget=2048,
         kv_blocks=364,
