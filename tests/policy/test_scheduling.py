@@ -315,8 +315,13 @@ def test_levels_parse_and_print_as_comma_separated_boundaries():
     assert levels.boundaries == (0.0, 4.0, 8.5, 1e6)
     assert str(levels) == "0,4,8.5,1000000"
     assert Levels.parse(str(Levels())) == Levels()
-    for text, problem in (("0,x", "comma-separated numbers"), ("", "comma-separated"),
-                          ("4,8", "start at 0"), ("0,8,4", "increase"), ("0,inf", "finite")):
+    for text, problem in (
+        ("0,x", "comma-separated numbers"),
+        ("", "comma-separated"),
+        ("4,8", "start at 0"),
+        ("0,8,4", "increase"),
+        ("0,inf", "finite"),
+    ):
         with pytest.raises(ValueError, match=problem):
             Levels.parse(text)
 
