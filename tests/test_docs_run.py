@@ -81,6 +81,7 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix bench router --json": (PARSE, _ENGINE),
     "autellix bench router --json -- --num-gpu-blocks-override 64": (PARSE, _ENGINE),
     "autellix bench sdk --json --calls 3000": (PARSE, "a benchmark of a minute"),
+    "autellix bench soak --minutes 10 --json": (PARSE, "starts two engines, then 10 minutes"),
     'rm -rf /tmp/c && time AUTELLIX_CACHE=/tmp/c python -c "from autellix_vllm.engine.models'
     ' import ensure_smollm2; ensure_smollm2()"': (PARSE, "converts the model: 15 s and 260 MiB"),
     "du -sm /tmp/c/smollm2-*": (PARSE, "reads what the step above wrote"),
