@@ -27,9 +27,10 @@ $(STAMP): pyproject.toml
 test: install
 	$(BIN)/python -m pytest -q
 
-# The demo: `autellix serve` on the embedded tiny model, 8 ReAct agents and 2 MCTS
-# searches at once (examples/), `autellix ps` while they run, a table per program
-# at the end; every process it starts is stopped, also on Ctrl-C.
+# The demo: ReAct agents next to MCTS searches (examples/) on the real model, 4 seats,
+# under autellix then under stock vLLM's scheduling; the agents' steps and answers,
+# then each example's program latency under both; every process it starts is
+# stopped, also on Ctrl-C.
 demo: install
 	$(BIN)/python examples/demo.py
 

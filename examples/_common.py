@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,6 +78,15 @@ def example_parser(description: str) -> OneLineArgumentParser:
         default=os.environ.get("OPENAI_API_KEY") or os.environ.get("AUTELLIX_API_KEY") or "-",
         help="API key (default: $OPENAI_API_KEY, else $AUTELLIX_API_KEY)",
     )
+    parser.add_argument(
+        "--start-every", type=float, default=0.0, metavar="SECONDS",
+        help="start the programs this far apart, in order (default 0: all at once)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed", type=int,
+        help="sample every reply with a seed derived from this and its prompt, so that"
+        " a rerun makes the same calls (default: unseeded)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the reports here")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return parser
@@ -89,6 +99,7 @@ class Endpoint:
     client: AsyncOpenAI
     model: str
     context_tokens: int
+    seed: int | None = None  # see prompt_seed
     _has_program_table: bool = True
 
     async def program_row(self) -> dict[str, Any] | None:
@@ -128,7 +139,8 @@ async def connect(args: argparse.Namespace) -> Endpoint:
     name = args.model or models[0].id
     listed = by_name.get(name)
     context = (listed.model_extra or {}).get("max_model_len") if listed is not None else None
-    return Endpoint(client, name, int(context) if context else DEFAULT_CONTEXT_TOKENS)
+    context_tokens = int(context) if context else DEFAULT_CONTEXT_TOKENS
+    return Endpoint(client, name, context_tokens, seed=args.seed)
 
 
 @dataclass
@@ -196,13 +208,16 @@ async def ask_json(
     schema_name: str,
     max_tokens: int,
     temperature: float,
+    attempt: int = 0,
 ) -> JsonReply:
     """One chat call constrained to ``schema`` (``response_format`` json_schema).
 
     Non-strict, because OpenAI's strict mode refuses ``maxLength``; vLLM
     enforces the schema either way. The reply is parsed leniently and never
     raises for bad model output: a cut-off or malformed reply has ``data=None``.
+    ``attempt`` counts the tries of the same prompt (it changes the seed).
     """
+    seed = prompt_seed(endpoint.seed, messages, attempt)
     start = time.perf_counter()
     try:
         completion = await endpoint.client.chat.completions.create(
@@ -210,6 +225,7 @@ async def ask_json(
             messages=messages,  # type: ignore[arg-type]
             max_tokens=max_tokens,
             temperature=temperature,
+            seed=openai.NOT_GIVEN if seed is None else seed,
             response_format={
                 "type": "json_schema",
                 "json_schema": {"name": schema_name, "schema": schema, "strict": False},
@@ -221,6 +237,16 @@ async def ask_json(
     choice = completion.choices[0] if completion.choices else None
     text = (choice.message.content or "") if choice is not None else ""
     return JsonReply(parse_json_object(text), text, choice.finish_reason if choice else None)
+
+
+def prompt_seed(seed: int | None, messages: list[dict[str, str]], attempt: int) -> int | None:
+    """The sampling seed of one call: a function of the run's seed and the prompt,
+    not of the order in which concurrent calls happen to be made, so that a rerun
+    with the same seed makes the same calls (up to the server's numerics)."""
+    if seed is None:
+        return None
+    text = json.dumps([seed, attempt, messages], sort_keys=True)
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
 def parse_json_object(text: str) -> dict[str, Any] | None:
@@ -236,14 +262,19 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
 
 
 async def run_programs(
-    prefix: str, count: int, run_one: Callable[[int, ProgramReport], Awaitable[object]]
+    prefix: str,
+    count: int,
+    run_one: Callable[[int, ProgramReport], Awaitable[object]],
+    start_every_s: float = 0.0,
 ) -> list[ProgramReport]:
-    """Run ``run_one(i, report)`` for i in 0..count-1 at once (each call starts one
-    program; its report is labelled ``prefix-(i+1)``). A program that fails is
-    reported with its error; the others keep going."""
+    """Run ``run_one(i, report)`` for i in 0..count-1 concurrently, the i-th starting
+    ``i * start_every_s`` seconds after the first (each call starts one program;
+    its report is labelled ``prefix-(i+1)``, its wall time counts from its own
+    start). A program that fails is reported with its error; the others keep going."""
 
     async def run(index: int) -> ProgramReport:
         report = ProgramReport(f"{prefix}-{index + 1}")
+        await asyncio.sleep(index * start_every_s)
         start = time.perf_counter()
         try:
             await run_one(index, report)
@@ -313,6 +344,8 @@ def run_example(
     logging.basicConfig(format="%(message)s", stream=sys.stderr)
     logging.getLogger("examples").setLevel(logging.WARNING if args.quiet else logging.INFO)
     try:
+        if args.start_every < 0:
+            raise ExampleError("--start-every must be >= 0")
         check_args(args)
     except ExampleError as error:
         parser.error(str(error))

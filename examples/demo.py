@@ -1,19 +1,31 @@
-"""``make demo``: ReAct agents and MCTS searches at once on ``autellix serve``.
+"""``make demo``: ReAct agents next to MCTS searches, under stock vLLM and under autellix.
 
-    python examples/demo.py                                    # 8 ReAct + 2 MCTS, 1 engine
-    python examples/demo.py --engines 2 --react-agents 16 --mcts-programs 4
+    python examples/demo.py                                    # SmolLM2, both schedulers
+    python examples/demo.py --model tiny --react-agents 4      # random weights, quick
+    python examples/demo.py --no-compare                       # autellix only
     python examples/demo.py --upstream http://127.0.0.1:8001   # a running engine, router only
 
-1. starts ``autellix serve`` on the embedded tiny model (free loopback port,
-   engine logs in a temporary folder) and waits until it is ready;
-2. runs ``react_agent.py`` and ``mcts_agent.py`` against it at the same time,
-   printing ``autellix ps`` every few seconds while they run;
-3. prints a table of the programs of each;
-4. stops every process it started: the agents, the router and the engines,
+1. starts two ``autellix serve`` at once on the real model (``--model``, default
+   smollm2), with the same flags and few seats (``--max-num-seqs``), so that
+   calls queue: one with the autellix scheduler, one with stock vLLM's
+   (``--scheduler vllm``); free loopback ports, engine logs in a temporary folder;
+2. runs the agent mix on the autellix one: MCTS searches (``mcts_agent.py``)
+   start at once, and short ReAct questions (``react_agent.py``) arrive one every
+   ``--react-every`` seconds from ``--react-after`` seconds on, while they
+   search. The agents' steps are printed as they happen, ``autellix ps``
+   every few seconds, then a table per example with each answer and how many
+   were right;
+3. runs the same mix again on the stock vLLM one (the same seeds, so the agents
+   make the same calls up to the engine's numerics);
+4. prints each example's average and p95 program latency under both, and
+   their ratio;
+5. stops every process it started: the agents, the routers and the engines,
    also on Ctrl-C, SIGTERM or an error.
 
-Exit code 0 when every program finished (the temporary folder is then
-removed; otherwise its logs are kept and named), 130 after Ctrl-C.
+With ``--upstream`` it runs the mix once through a router over that engine
+(whose scheduler it cannot change). Exit code 0 when every program finished
+(the temporary folder is then removed; otherwise its logs are kept and
+named), 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,17 +47,22 @@ from pathlib import Path
 from typing import IO
 
 from _common import OneLineArgumentParser, ProgramReport, format_reports, positive_int
+from autellix_vllm.stats import percentile
 
 EXAMPLES = Path(__file__).resolve().parent
 AUTELLIX = [sys.executable, "-m", "autellix_vllm"]
-# The random-weight model fills every JSON field it may; without free whitespace
-# between the fields its structured replies are about a third shorter.
+# Without free whitespace between JSON fields, structured replies are shorter
+# (a third shorter on the random-weight model, which fills every field it may).
 COMPACT_JSON = [
     "--structured-outputs-config",
     '{"backend": "xgrammar", "disable_any_whitespace": true}',
 ]
 STOP_GRACE_S = 60.0  # serve itself gives each engine 20 s before SIGKILL
 FIRST_PS_AFTER_S = 3.0  # by then every program has opened and made its first calls
+# The two runs of the comparison: scheduler (serve's --scheduler) -> its name here.
+SCHEDULERS = {"autellix": "autellix", "vllm": "stock vLLM"}
+# The column of each example's report that says whether its answer was right.
+RIGHT_COLUMN = {"react_agent": "RIGHT", "mcts_agent": "SOLVED"}
 
 
 class ServeError(RuntimeError):
@@ -121,18 +139,32 @@ class Example:
     reports: Path
     log: Path
 
+    shown: int = 0  # bytes of the log already printed by show_progress
+
     @classmethod
     def start(cls, script: str, folder: Path, base_url: str, *options: str) -> Example:
+        """Its progress lines (stderr) go to ``NAME.log``, its table (stdout) to ``NAME.out``."""
         name = script.removesuffix(".py")
         reports, log = folder / f"{name}.json", folder / f"{name}.log"
-        with log.open("wb") as output:
+        with log.open("wb") as progress, (folder / f"{name}.out").open("wb") as table:
             process = subprocess.Popen(
                 [sys.executable, str(EXAMPLES / script), "--base-url", base_url,
                  "--json", str(reports), *options],
-                stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                stdout=table, stderr=progress, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
         return cls(name, process, reports, log)
+
+    def show_progress(self) -> None:
+        """Print the complete progress lines written since the last call."""
+        with self.log.open("rb") as log:
+            log.seek(self.shown)
+            lines = log.read().decode(errors="replace").splitlines(keepends=True)
+        for line in lines:
+            if not line.endswith("\n"):
+                break  # the example is still writing it
+            self.shown += len(line.encode())
+            print(f"  {line.rstrip()}", flush=True)
 
     def stop(self) -> None:
         """SIGTERM first: the example ends its open programs on the server. (Not
@@ -163,33 +195,58 @@ def show_ps(url: str) -> None:
     print(f"--- autellix ps ({stamp})\n{(ps.stdout or ps.stderr).rstrip()}", flush=True)
 
 
-def start_serve(args: argparse.Namespace, folder: Path) -> Serve:
-    """``autellix serve`` with its own engines, or (``--upstream``) over a running one."""
+def start_serves(args: argparse.Namespace, folder: Path) -> dict[str, Serve]:
+    """Scheduler -> ``autellix serve`` for each run: both schedulers' engines at
+    once, or (``--upstream``) one router over a running engine."""
     if args.upstream:
         print(f"demo: starting the router over {args.upstream}", flush=True)
-        return Serve.start("--upstream", args.upstream, "--chars-per-token", "1")
+        return {"upstream": Serve.start("--upstream", args.upstream, *chars_per_token(args))}
+    schedulers = list(SCHEDULERS) if args.compare else ["autellix"]
     engines = args.engines or 1
-    print(f"demo: starting autellix serve ({engines} engine(s), embedded tiny model;"
-          f" engine logs in {folder})", flush=True)  # fmt: skip
-    return Serve.start(
-        "--engines", str(engines), "--log-dir", str(folder), "--model", "tiny",
-        "--chars-per-token", "1",
-        "--", *COMPACT_JSON,
-    )  # fmt: skip
+    print(f"demo: starting {len(schedulers)} autellix serve at once, {engines} engine(s) each,"
+          f" model {args.model}, {args.max_num_seqs} seats an engine (engine logs in"
+          f" {folder})", flush=True)  # fmt: skip
+    options = [
+        "--model", args.model, "--engines", str(engines), "--max-num-seqs",
+        str(args.max_num_seqs), *chars_per_token(args),
+    ]  # fmt: skip
+    serves = {}
+    for scheduler in schedulers:
+        log_dir = ["--log-dir", str(folder / scheduler)]
+        serves[scheduler] = Serve.start("--scheduler", scheduler, *options, *log_dir,
+                                        "--", *COMPACT_JSON)  # fmt: skip
+    return serves
+
+
+def chars_per_token(args: argparse.Namespace) -> list[str]:
+    """The router's prompt-size estimate: the tiny model has a token per character."""
+    return ["--chars-per-token", "1"] if args.model == "tiny" else []
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start serve, run the load, and always stop everything; the exit code."""
+    """Start the serves, run the load on each, compare; always stop everything."""
     started = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="autellix-demo-"))
-    serve: Serve | None = None
+    serves: dict[str, Serve] = {}
     examples: list[Example] = []
     code = 1
     try:
-        serve = start_serve(args, folder)
-        serve.wait_ready(echo=sys.stdout)
-        print(f"demo: serve ready after {time.monotonic() - started:.0f} s", flush=True)
-        code = run_examples(args, serve, folder, examples)
+        serves = start_serves(args, folder)
+        for serve in serves.values():
+            serve.wait_ready(echo=sys.stdout)
+        print(f"demo: ready after {time.monotonic() - started:.0f} s", flush=True)
+        runs: dict[str, list[Example]] = {}
+        for number, (scheduler, serve) in enumerate(serves.items(), start=1):
+            name = SCHEDULERS.get(scheduler, "the upstream engine's")
+            print(f"\n=== run {number} of {len(serves)}: {name} scheduling ===", flush=True)
+            runs[scheduler] = run_examples(
+                args, serve, folder / f"run-{scheduler}", examples, live=number == 1
+            )
+            if any(example.process.returncode != 0 for example in runs[scheduler]):
+                break
+        code = 1 if any(e.process.returncode != 0 for r in runs.values() for e in r) else 0
+        if code == 0 and len(runs) > 1:
+            print(f"\n{format_comparison(runs)}", flush=True)
     except ServeError as error:
         print(f"demo: error: {error}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
@@ -201,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for example in examples:
             example.stop()
-        if serve is not None:
+        for serve in serves.values():
             serve.stop()
         if code == 0:
             shutil.rmtree(folder, ignore_errors=True)
@@ -212,49 +269,118 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_examples(
-    args: argparse.Namespace, serve: Serve, folder: Path, examples: list[Example]
-) -> int:
+    args: argparse.Namespace, serve: Serve, folder: Path, examples: list[Example], live: bool
+) -> list[Example]:
     """Run both examples at once (appended to ``examples`` as they start, so that the
-    caller can stop them), print ``autellix ps`` meanwhile, then their tables."""
-    print(f"demo: running {args.react_agents} ReAct agents and {args.mcts_programs} MCTS"
-          " programs", flush=True)  # fmt: skip
+    caller can stop them): the searches at once, the ReAct agents one every
+    ``--react-every`` seconds. ``live``: print their steps and ``autellix ps``
+    meanwhile, and a table per example at the end."""
+    folder.mkdir(parents=True)
+    print(f"demo: {args.mcts_programs} MCTS searches (width {args.width}, up to"
+          f" {args.iterations} expansions) start now; {args.react_agents} ReAct agents (up to"
+          f" {args.max_steps} steps) arrive one every {args.react_every:g} s from"
+          f" {args.react_after:g} s on", flush=True)  # fmt: skip
     started = time.monotonic()
     base_url = serve.url + "/v1"
-    examples.append(
-        Example.start("react_agent.py", folder, base_url, "--agents", str(args.react_agents),
-                      "--max-steps", str(args.max_steps))
-    )  # fmt: skip
-    examples.append(
-        Example.start("mcts_agent.py", folder, base_url, "--programs", str(args.mcts_programs),
-                      "--width", str(args.width), "--iterations", str(args.iterations))
-    )  # fmt: skip
+    seed = ["--seed", str(args.seed)]
+    mcts_options = ["--programs", str(args.mcts_programs), "--width", str(args.width),
+                    "--iterations", str(args.iterations), *seed]  # fmt: skip
+    mcts = Example.start("mcts_agent.py", folder, base_url, *mcts_options)
+    react_options = ["--agents", str(args.react_agents), "--max-steps", str(args.max_steps),
+                     "--start-every", str(args.react_every), *seed]  # fmt: skip
+    this_run = [mcts]
+    examples.append(mcts)
+    react_at = started + args.react_after
     next_ps = time.monotonic() + min(FIRST_PS_AFTER_S, args.ps_every)
-    while any(example.process.poll() is None for example in examples):
-        if time.monotonic() >= next_ps:
-            show_ps(serve.url)
-            next_ps = time.monotonic() + args.ps_every
+    while len(this_run) < 2 or any(example.process.poll() is None for example in this_run):
+        if len(this_run) < 2 and time.monotonic() >= react_at:
+            react = Example.start("react_agent.py", folder, base_url, *react_options)
+            this_run.append(react)
+            examples.append(react)
+        if live:
+            for example in this_run:
+                example.show_progress()
+            if time.monotonic() >= next_ps:
+                show_ps(serve.url)
+                next_ps = time.monotonic() + args.ps_every
         time.sleep(0.2)
-    programs = sum(len(example.read_reports()) for example in examples)
-    print(f"\ndemo: {programs} programs finished in {time.monotonic() - started:.0f} s")
-    for example in examples:
-        print(f"\n{example.name}:\n{format_reports(example.read_reports())}")
-    failed = [example for example in examples if example.process.returncode != 0]
-    for example in failed:
-        print(f"\ndemo: {example.name} exited with code {example.process.returncode}:")
-        print(example.log.read_text(errors="replace")[-3000:])
-    return 1 if failed else 0
+    reports = {example.name: example.read_reports() for example in this_run}
+    programs = sum(map(len, reports.values()))
+    print(f"demo: {programs} programs finished in {time.monotonic() - started:.0f} s", flush=True)
+    if live:
+        for example in this_run:
+            example.show_progress()
+        for example in this_run:
+            print(f"\n{example.name}:\n{format_reports(reports[example.name])}")
+    for example in this_run:
+        print(f"demo: {example.name}: {right_answers(example.name, reports[example.name])}")
+    for example in this_run:
+        if example.process.returncode != 0:
+            print(f"\ndemo: {example.name} exited with code {example.process.returncode}:")
+            print(example.log.read_text(errors="replace")[-3000:])
+    return this_run
+
+
+def right_answers(example: str, reports: list[ProgramReport]) -> str:
+    right = sum(report.columns.get(RIGHT_COLUMN[example]) == "yes" for report in reports)
+    return f"{right} of {len(reports)} {'solved' if example == 'mcts_agent' else 'answered right'}"
+
+
+def format_comparison(runs: dict[str, list[Example]]) -> str:
+    """Each example's program latency (wall seconds from its start to its answer)
+    under stock vLLM and under autellix, and stock over autellix (> 1: faster)."""
+    reports = {
+        scheduler: {example.name: example.read_reports() for example in examples}
+        for scheduler, examples in runs.items()
+    }
+    for by_example in reports.values():
+        by_example["all"] = [report for rows in list(by_example.values()) for report in rows]
+    header = ["EXAMPLE", "PROGRAMS", "CALLS stock/autellix", "stock vLLM avg / p95 s",
+              "autellix avg / p95 s", "RATIO avg / p95"]  # fmt: skip
+    rows = [header]
+    for name in reports["vllm"]:
+        stock, ours = reports["vllm"][name], reports["autellix"][name]
+        walls = [[r.wall_seconds for r in stock], [r.wall_seconds for r in ours]]
+        avg = [statistics.fmean(w) for w in walls]
+        p95 = [percentile(w, 95) for w in walls]
+        rows.append([
+            name.removesuffix("_agent"), str(len(ours)),
+            f"{sum(r.calls for r in stock)}/{sum(r.calls for r in ours)}",
+            f"{avg[0]:.1f} / {p95[0]:.1f}", f"{avg[1]:.1f} / {p95[1]:.1f}",
+            f"{avg[0] / avg[1]:.2f}x / {p95[0] / p95[1]:.2f}x",
+        ])  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]  # fmt: skip
+    return "demo: program latency, the same agents on the same engine settings:\n" + "\n".join(
+        lines
+    )
 
 
 def parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--engines", type=positive_int, help="vLLM engines to start (default 1)")
-    parser.add_argument("--react-agents", type=positive_int, default=8)
-    parser.add_argument("--max-steps", type=positive_int, default=3, help="per ReAct agent")
+    parser.add_argument("--model", default="smollm2", help="smollm2, tiny or a model folder")
+    parser.add_argument("--engines", type=positive_int, help="vLLM engines per run (default 1)")
+    parser.add_argument("--max-num-seqs", type=positive_int, default=4, help="seats an engine")
+    parser.add_argument("--react-agents", type=positive_int, default=10)
+    parser.add_argument("--max-steps", type=positive_int, default=2, help="per ReAct agent")
+    parser.add_argument(
+        "--react-every", type=float, default=2.0, help="seconds between ReAct arrivals"
+    )
+    parser.add_argument(
+        "--react-after", type=float, default=8.0,
+        help="seconds from the searches' start to the first ReAct agent",
+    )  # fmt: skip
     parser.add_argument("--mcts-programs", type=positive_int, default=2)
-    parser.add_argument("--width", type=positive_int, default=3, help="MCTS children per step")
+    parser.add_argument("--width", type=positive_int, default=6, help="MCTS children per step")
     parser.add_argument("--iterations", type=positive_int, default=4, help="MCTS expansions")
+    parser.add_argument("--seed", type=int, default=0, help="the agents' sampling seed")
+    parser.add_argument(
+        "--compare", action=argparse.BooleanOptionalAction, default=True,
+        help="also run the mix under stock vLLM and compare (default: yes)",
+    )  # fmt: skip
     parser.add_argument("--ps-every", type=float, default=10.0, help="seconds between ps")
     parser.add_argument(
         "--upstream", metavar="URL", help="route over this running engine instead of starting one"
@@ -266,6 +392,8 @@ def main() -> int:
     args = parser().parse_args()
     if args.ps_every <= 0:
         parser().error("--ps-every must be positive")
+    if args.react_every < 0 or args.react_after < 0:
+        parser().error("--react-every and --react-after must be >= 0")
     if args.upstream and args.engines is not None:
         parser().error("--upstream uses a running engine: drop --engines")
     # SIGTERM (e.g. from a supervisor) cleans up exactly like Ctrl-C.

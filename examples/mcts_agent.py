@@ -48,6 +48,7 @@ from _common import (
     positive_int,
     run_example,
     run_programs,
+    text_field,
 )
 from autellix import program
 from game24 import OPERATORS, PUZZLES, TARGET, State, is_solution, show
@@ -58,7 +59,8 @@ VERDICTS = {"sure": 1.0, "likely": 0.5, "impossible": 0.0}
 UNKNOWN_VALUE = 0.25  # a value reply that could not be read
 EXPLORATION = 1.0  # c in UCT
 PROPOSE_MAX_TOKENS = 96
-VALUE_MAX_TOKENS = 64
+VALUE_MAX_TOKENS = 96
+VALUE_REASONING_CHARS = 120  # as in Tree of Thoughts' value prompt: a few steps, then a verdict
 PROPOSE_TEMPERATURE = 1.0  # siblings should differ
 VALUE_TEMPERATURE = 0.0
 RULES = f"Game of {TARGET}: combine all the numbers with + - * / to make exactly {TARGET}."
@@ -126,7 +128,9 @@ def move_schema(state: State) -> dict[str, object]:
     )
 
 
-VALUE_SCHEMA = object_schema(verdict=choice_field(VERDICTS))
+VALUE_SCHEMA = object_schema(
+    reasoning=text_field(VALUE_REASONING_CHARS), verdict=choice_field(VERDICTS)
+)
 
 
 def repair_move(state: State, proposal: dict[str, object] | None) -> tuple[int, str, int] | None:
@@ -192,7 +196,7 @@ async def value(state: State, endpoint: Endpoint, report: ProgramReport) -> floa
         {
             "role": "user",
             "content": f"Numbers left: {state.describe()}. Can they still make {TARGET}?"
-            " Answer sure, likely or impossible.",
+            " Try a step or two, then answer sure, likely or impossible.",
         },
     ]
     reply = await ask_json(
@@ -276,6 +280,7 @@ async def mcts_agent(
     report.threads = threads
     report.answer = f"{puzzle}: {solution} = {TARGET}" if solution else f"{puzzle}: not solved"
     report.columns = {
+        "SOLVED": "yes" if solution else "no",
         "TREE": str(root.size()),
         "DROPPED": str(dropped),
         "CRIT PATH": f"{path_calls} calls/{path_seconds:.1f}s",
@@ -303,7 +308,7 @@ async def main(args: argparse.Namespace, endpoint: Endpoint) -> list[ProgramRepo
         await mcts_agent(numbers, endpoint, report, settings)
         log.info("mcts: %s finished: %s", report.label, report.answer)
 
-    return await run_programs("mcts", args.programs, run_one)
+    return await run_programs("mcts", args.programs, run_one, args.start_every)
 
 
 def check_args(args: argparse.Namespace) -> None:

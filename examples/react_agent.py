@@ -5,10 +5,11 @@
     python examples/react_agent.py --base-url https://api.openai.com/v1 --model gpt-4o-mini
 
 Each agent answers one question about the Saltmarrow Isles (a made-up place,
-so the model must use the tools). At every step the model replies with a JSON
-object ``{"thought", "action", "input"}`` (structured output, so even the
-random-weight test model produces parseable steps) and the agent runs the
-action:
+so the model must use the tools; some questions take one lookup, others two
+facts and arithmetic). At every step the model replies with a JSON object
+``{"action", "input", "thought"}`` (structured output, so even the
+random-weight test model produces parseable steps; the first step cannot
+finish) and the agent runs the action:
 
     search <words>        BM25 over the passages: the best three, title and first sentence
     lookup <title>        the passage with that title
@@ -57,14 +58,34 @@ ACTIONS = ("search", "lookup", "calculate", "finish")
 THOUGHT_CHARS = 40
 INPUT_CHARS = 40
 ANSWER_CHARS = 60
+# The action comes before the thought: a small model that thinks first tends to
+# make up an answer there and then search for it (a 135M model searched for years).
 STEP_SCHEMA = object_schema(
-    thought=text_field(THOUGHT_CHARS), action=choice_field(ACTIONS), input=text_field(INPUT_CHARS)
+    action=choice_field(ACTIONS), input=text_field(INPUT_CHARS), thought=text_field(THOUGHT_CHARS)
+)
+# The first step must consult a tool: small models otherwise answer from nothing.
+FIRST_STEP_SCHEMA = object_schema(
+    action=choice_field(a for a in ACTIONS if a != "finish"),
+    input=text_field(INPUT_CHARS),
+    thought=text_field(THOUGHT_CHARS),
 )
 FINAL_SCHEMA = object_schema(answer=text_field(ANSWER_CHARS))
 SYSTEM_PROMPT = (
-    "Answer the question about the Saltmarrow Isles with tools. Reply in JSON."
-    " Actions: search (words), lookup (a title), calculate (arithmetic), finish (the answer)."
+    "Answer the question about the Saltmarrow Isles with tools: you know nothing about"
+    " them yourself. Reply in JSON. Actions: search (words from the question), lookup (a"
+    " passage title), calculate (arithmetic), finish (the answer, as an observation gave it)."
 )
+# One worked question before the real one, as chat turns: without it a 135M model
+# searches for made-up years instead of the question's words.
+EXAMPLE_TURNS = [
+    {"role": "user", "content": "Question: How long is the ferry Marram Queen?"},
+    {"role": "assistant", "content": '{"thought":"Search the ship.","action":"search",'
+                                     '"input":"ferry Marram Queen long"}'},
+    {"role": "user", "content": "Observation: Marram Queen: The Marram Queen is 74 metres"
+                                " long. | Cold Sound: The Cold Sound is a strait."},
+    {"role": "assistant", "content": '{"thought":"It is 74 metres.","action":"finish",'
+                                     '"input":"74 metres"}'},
+]  # fmt: skip
 STEP_MAX_TOKENS = 192
 FINAL_MAX_TOKENS = 96
 TEMPERATURE = 0.3
@@ -171,10 +192,11 @@ async def next_step(
 ) -> Step | None:
     """The model's next step; None when ``1 + retries`` replies were all unusable."""
     messages = build_messages(question, steps, prompt_budget(endpoint, STEP_MAX_TOKENS))
-    for _ in range(1 + settings.retries):
+    for attempt in range(1 + settings.retries):
+        schema = STEP_SCHEMA if steps else FIRST_STEP_SCHEMA
         reply = await ask_json(
-            endpoint, report, messages, STEP_SCHEMA,
-            schema_name="react_step", max_tokens=STEP_MAX_TOKENS, temperature=TEMPERATURE,
+            endpoint, report, messages, schema, schema_name="react_step",
+            max_tokens=STEP_MAX_TOKENS, temperature=TEMPERATURE, attempt=attempt,
         )  # fmt: skip
         step = parse_step(reply.data)
         if step is not None:
@@ -188,7 +210,7 @@ async def final_answer(
     question: str, steps: list[Step], endpoint: Endpoint, report: ProgramReport
 ) -> str:
     """One last call for the answer, after the steps ran out or the replies were unusable."""
-    closing = "Reply with your final answer now."
+    closing = "Reply with your final answer now, taken from the observations above."
     messages = build_messages(question, steps, prompt_budget(endpoint, FINAL_MAX_TOKENS), closing)
     reply = await ask_json(
         endpoint, report, messages, FINAL_SCHEMA,
@@ -253,7 +275,7 @@ async def main(args: argparse.Namespace, endpoint: Endpoint) -> list[ProgramRepo
         await react_agent(question, endpoint, tools, report, settings)
         log.info("react: %s finished after %d calls: %s", report.label, report.calls, report.answer)
 
-    return await run_programs("react", args.agents, run_one)
+    return await run_programs("react", args.agents, run_one, args.start_every)
 
 
 def check_args(args: argparse.Namespace) -> None:

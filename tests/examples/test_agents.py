@@ -61,8 +61,10 @@ async def test_react_agent_uses_the_tools_and_answers():
     assert report.server is None  # a plain server: no process table, and no crash
     assert report.program_id is not None and report.program_id.startswith("local-")
     # Every step was asked for with the JSON schema, and the observations came back.
-    assert all(schema_of(body)["required"] == ["thought", "action", "input"]
+    assert all(schema_of(body)["required"] == ["action", "input", "thought"]
                for body in server.requests)  # fmt: skip
+    actions = [schema_of(body)["properties"]["action"]["enum"] for body in server.requests]
+    assert "finish" not in actions[0] and all("finish" in later for later in actions[1:])
     assert "first sat in 1702" in server.prompts()[-1]
     assert "WAIT" in format_reports([report]) and " - " in format_reports([report])
 
@@ -194,7 +196,8 @@ async def test_mcts_branches_run_in_their_own_threads():
 
     def random_model(body: dict) -> str:
         properties = schema_of(body)["properties"]
-        return as_json({name: rng.choice(spec["enum"]) for name, spec in properties.items()})
+        return as_json({name: rng.choice(spec["enum"]) if "enum" in spec else "hm"
+                        for name, spec in properties.items()})  # fmt: skip
 
     async with scripted_server(random_model) as server:
         [report] = await run_example(mcts_agent, server.base_url, "--puzzle", "4 7 8 8",
