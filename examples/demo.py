@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO
 
 from _common import OneLineArgumentParser, ProgramReport, format_reports, positive_int
+from autellix_vllm.engine.models import ModelNotInstalledError, resolve_model
 from autellix_vllm.stats import percentile
 
 EXAMPLES = Path(__file__).resolve().parent
@@ -201,6 +202,10 @@ def start_serves(args: argparse.Namespace, folder: Path) -> dict[str, Serve]:
     if args.upstream:
         print(f"demo: starting the router over {args.upstream}", flush=True)
         return {"upstream": Serve.start("--upstream", args.upstream, *chars_per_token(args))}
+    try:  # once here, not in both serves at once: the first use converts the model
+        resolve_model(args.model)
+    except ModelNotInstalledError as error:
+        raise ServeError(str(error)) from None
     schedulers = list(SCHEDULERS) if args.compare else ["autellix"]
     engines = args.engines or 1
     print(f"demo: starting {len(schedulers)} autellix serve at once, {engines} engine(s) each,"
@@ -306,10 +311,11 @@ def run_examples(
         time.sleep(0.2)
     reports = {example.name: example.read_reports() for example in this_run}
     programs = sum(map(len, reports.values()))
-    print(f"demo: {programs} programs finished in {time.monotonic() - started:.0f} s", flush=True)
     if live:
         for example in this_run:
             example.show_progress()
+    print(f"demo: {programs} programs finished in {time.monotonic() - started:.0f} s", flush=True)
+    if live:
         for example in this_run:
             print(f"\n{example.name}:\n{format_reports(reports[example.name])}")
     for example in this_run:
