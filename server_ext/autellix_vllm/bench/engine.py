@@ -82,7 +82,8 @@ class BenchSettings:
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
-        """16 programs: about two minutes on two idle CPU cores, engine starts included."""
+        """16 programs: 6-10 minutes on two CPU cores with SmolLM2 (about two with the
+        tiny model), engine starts included."""
         return replace(cls(programs=16), **overrides)
 
 
