@@ -63,7 +63,12 @@ from urllib.parse import urlsplit
 import aiohttp
 from autellix import AsyncOpenAI, current_program, program
 
-from autellix_vllm.bench.subprocesses import ROUTER_READY
+from autellix_vllm.bench.subprocesses import (
+    ENGINE_EXITED,
+    ENGINE_READY,
+    ENGINE_RESTARTED,
+    ROUTER_READY,
+)
 from autellix_vllm.engine.reaper import dies_with_parent, group_members
 from autellix_vllm.protocol import (
     CALL_ID_HEADER,
@@ -134,9 +139,9 @@ class Keys:
         return path
 
 
-_ENGINE_READY = re.compile(r"engine (\d+) ready at (\S+) \(pid (\d+)\)")
-_ENGINE_EXITED = re.compile(r"engine (\d+) \(\S+\) exited with code")
-_ENGINE_BACK = re.compile(r"engine (\d+) \(\S+\) healthy again after restart (\d+) \(pid (\d+)\)")
+_ENGINE_READY = re.compile(ENGINE_READY)
+_ENGINE_EXITED = re.compile(ENGINE_EXITED)
+_ENGINE_BACK = re.compile(ENGINE_RESTARTED)
 
 
 @dataclass

@@ -58,7 +58,12 @@ def router_command(upstreams: list[str], *options: str) -> list[str]:
     return command + list(options)
 
 
+# The lines of `autellix serve` that readers of its output wait for
+# (cli/serve.py and the engine supervisor in engine/launcher.py write them).
 ROUTER_READY = r"router ready at (http://\S+);"
+ENGINE_READY = r"engine (\d+) ready at (\S+) \(pid (\d+)\)"  # index, URL, process group
+ENGINE_EXITED = r"engine (\d+) \(\S+\) exited with code"
+ENGINE_RESTARTED = r"engine (\d+) \(\S+\) healthy again after restart (\d+) \(pid (\d+)\)"
 
 FAKE_UPSTREAM_COMMAND = [sys.executable, "-m", "autellix_vllm.bench.fake_upstream", "--port", "0"]
 """The minimal upstream of :mod:`autellix_vllm.bench.fake_upstream` on a free port."""
