@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,8 +39,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autellix_vllm.engine.cache import build_once, default_cache_dir
 from autellix_vllm.engine.tiny_model import SERVED_MODEL_NAME as TINY_SERVED_NAME
-from autellix_vllm.engine.tiny_model import default_cache_dir, ensure_tiny_model
+from autellix_vllm.engine.tiny_model import ensure_tiny_model
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -235,55 +233,6 @@ def ensure_smollm2(cache_dir: Path | None = None) -> Path:
     gguf_path = smollm2_gguf_path()
     target = smollm2_dir(cache_dir)
     return build_once(target, lambda staging: _convert_smollm2(gguf_path, staging, target))
-
-
-def build_once(target: Path, write: Callable[[Path], None]) -> Path:
-    """Return ``target``, first filling it with ``write(staging)`` if it is missing.
-
-    ``write`` fills a staging folder beside ``target``, renamed into place only
-    once complete, so neither an interrupted build nor a concurrent first use
-    ever sees half a folder. Staging folders left by a killed build (the process
-    id in their name no longer runs) are removed first.
-    """
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_staging(target)
-    prefix = f"{_staging_prefix(target)}{os.getpid()}-"
-    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
-    try:
-        write(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            # Another process finished first; its folder is as good as ours.
-            if not target.is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def _staging_prefix(target: Path) -> str:
-    return f".{target.name}.staging-"
-
-
-def _remove_abandoned_staging(target: Path) -> None:
-    prefix = _staging_prefix(target)
-    for staging in target.parent.glob(prefix + "*"):
-        pid = staging.name[len(prefix) :].split("-", 1)[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def _convert_smollm2(gguf_path: Path, folder: Path, target: Path) -> None:

@@ -1,23 +1,22 @@
-"""The default model: a tiny random-weight Llama that vLLM's CPU build can serve.
+"""The ``tiny`` model: a random-weight Llama that vLLM's CPU build starts in seconds.
 
 Nothing is downloaded. The model folder holds a ``config.json`` and a
 character-level tokenizer; the weights come from ``--load-format dummy``
 (random), so the text is gibberish but every token is printable and its
 length is controlled with ``max_tokens`` and ``ignore_eos``.
 
-The folder is built once, atomically (written beside the final folder and
-renamed), so concurrent first uses never see half a model.
+The folder is built once in the cache (:func:`~autellix_vllm.engine.cache.build_once`),
+so concurrent first uses never see half a model.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import string
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from autellix_vllm.engine.cache import build_once, default_cache_dir
 
 # Bump when the files written below change, so stale caches are rebuilt.
 TINY_MODEL_VERSION = 2
@@ -40,35 +39,18 @@ CHAT_TEMPLATE = (
 )
 
 
-def default_cache_dir() -> Path:
-    """``$AUTELLIX_CACHE`` if set, else ``~/.cache/autellix``."""
-    root = os.environ.get("AUTELLIX_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "autellix"
-
-
 def tiny_model_dir(cache_dir: Path | None = None) -> Path:
     return (cache_dir or default_cache_dir()) / f"tiny-llama-v{TINY_MODEL_VERSION}"
 
 
 def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
     """Return the tiny model's folder, building it first if it is missing."""
-    target = tiny_model_dir(cache_dir)
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=target.parent))
-    try:
-        _write_tokenizer(staging)
-        _write_model_config(staging)
-        try:
-            staging.rename(target)
-        except OSError:
-            # Another process finished first; its folder is as good as ours.
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_once(tiny_model_dir(cache_dir), _write_model)
+
+
+def _write_model(folder: Path) -> None:
+    _write_tokenizer(folder)
+    _write_model_config(folder)
 
 
 def _write_tokenizer(folder: Path) -> None:
