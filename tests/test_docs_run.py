@@ -74,8 +74,11 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --json": (FORM, "R is a max rate from the table above"),
     "autellix simulate sweep --workload sharegpt --policies autellix --engines 4 --lb"
     " round-robin,locality --json --plot docs/img/sweep-sharegpt-4engines.png": (PARSE, _SWEEP),
-    "autellix bench engine --quick --json": (PARSE, _ENGINE),
-    "autellix bench engine --json": (PARSE, _ENGINE),
+    "autellix bench engine --model tiny --max-num-seqs 2 --quick --json": (PARSE, _ENGINE),
+    "autellix bench engine --model tiny --max-num-seqs 2 --json": (PARSE, _ENGINE),
+    "autellix bench engine --quick --schedulers vllm,autellix --json": (PARSE, _ENGINE),
+    "autellix bench engine --quick --schedulers vllm,vllm --json": (PARSE, _ENGINE),
+    "autellix bench fidelity --quick --json": (PARSE, "starts two engines: about 6 minutes"),
     "autellix bench scheduler --json": (PARSE, "imports vLLM: a minute here"),
     "autellix bench router-overhead --json": (PARSE, "a benchmark of 20 s and more"),
     "autellix bench router --json": (PARSE, _ENGINE),
