@@ -25,11 +25,16 @@ LEVELS = Levels(boundaries=(0.0, 10.0, 100.0, 1000.0))
 def run_call(core, call_id, program, tokens, now=0.0, **ids):
     """Arrive, run ``tokens`` decode steps and complete one call."""
     call = core.add_call(call_id, program, now_s=now, **ids)
+    finish_call(core, call, tokens, now)
+    return call
+
+
+def finish_call(core, call, tokens, now=0.0):
+    """Run ``tokens`` decode steps of an arrived call and complete it."""
     core.enqueue(call)
     core.start(call)
     core.charge(call, decode_tokens=tokens)
     core.finish(call, now_s=now)
-    return call
 
 
 def make(policy, **config):
@@ -165,10 +170,12 @@ def test_atlas_program_variant_takes_the_longest_path():
 def test_atlas_thread_variant_forks_and_joins():
     core = make(ATLAS("thread"))
     run_call(core, "root", "p", 20, thread_id="main")
-    # Fork: two children start at the parent's critical path, 20.
-    left = run_call(core, "l1", "p", 5, thread_id="left", parent_thread_id="main")
-    right = run_call(core, "r1", "p", 40, thread_id="right", parent_thread_id="main")
+    # Fork: two children in flight together start at the parent's path, 20.
+    left = core.add_call("l1", "p", now_s=0.0, thread_id="left", parent_thread_id="main")
+    right = core.add_call("r1", "p", now_s=0.0, thread_id="right", parent_thread_id="main")
     assert (left.base, right.base) == (20.0, 20.0)
+    finish_call(core, left, 5)
+    finish_call(core, right, 40)
     # The short branch's next call ranks by its own path (25), not the program's (60).
     assert core.add_call("l2", "p", now_s=0.0, thread_id="left").base == 25.0
     # Join: the parent's next call continues from the longest joined child (60).
@@ -178,6 +185,22 @@ def test_atlas_thread_variant_forks_and_joins():
     assert joined.base == 67.0  # grandchild's path 60 + 7 counts too
 
 
+def test_atlas_a_fork_after_a_join_starts_past_the_joined_children():
+    """A search that forks rounds of children and never calls itself (MCTS):
+    each round starts where the finished rounds ended, not at zero."""
+    core = make(ATLAS("thread"))
+    a = core.add_call("a", "p", now_s=0.0, thread_id="round1-a", parent_thread_id="main")
+    b = core.add_call("b", "p", now_s=0.0, thread_id="round1-b", parent_thread_id="main")
+    assert (a.base, b.base) == (0.0, 0.0)
+    finish_call(core, a, 30)
+    finish_call(core, b, 50)
+    second = core.add_call("c", "p", now_s=0.0, thread_id="round2", parent_thread_id="main")
+    assert second.base == 50.0
+    finish_call(core, second, 10)
+    third = core.add_call("d", "p", now_s=0.0, thread_id="round3", parent_thread_id="main")
+    assert third.base == 60.0
+
+
 def test_autellix_is_plas_on_one_thread_and_atlas_on_many():
     core = make(Autellix())
     first = run_call(core, "a1", "p", 30)
@@ -185,8 +208,10 @@ def test_autellix_is_plas_on_one_thread_and_atlas_on_many():
     core.add_call("a2", "p", now_s=0.0, prior_service=500.0)  # router saw more elsewhere
     assert core.add_call("a3", "p", now_s=0.0).base == 500.0
     multi = make(Autellix())
-    run_call(multi, "x", "q", 30, thread_id="t1", parent_thread_id="main")
-    run_call(multi, "y", "q", 40, thread_id="t2", parent_thread_id="main")
+    x = multi.add_call("x", "q", now_s=0.0, thread_id="t1", parent_thread_id="main")
+    y = multi.add_call("y", "q", now_s=0.0, thread_id="t2", parent_thread_id="main")
+    finish_call(multi, x, 30)
+    finish_call(multi, y, 40)
     assert multi.add_call("z", "q", now_s=0.0).base == 40.0  # critical path, not 70
 
 

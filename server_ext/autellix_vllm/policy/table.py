@@ -117,7 +117,10 @@ class Program:
             created = Thread(new_id, parent=parent)
             if parent is not None:
                 parent.children.append(created)
-                created.critical_path = parent.critical_path  # a fork starts at its parent's path
+                # A fork starts where its parent stands now, counting the parent's own
+                # finished forks: a parent that only forks never calls, so its
+                # own path alone would leave every new generation at zero.
+                created.critical_path = parent.joined_critical_path()
                 created.depth = parent.depth + 1
             self.threads[new_id] = created
         return self.threads[tid]
