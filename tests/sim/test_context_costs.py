@@ -58,13 +58,14 @@ def test_steps_to_reach_is_the_fewest_steps_whose_sum_reaches_the_amount(first, 
 
 
 def _single_steps(monkeypatch):
-    monkeypatch.setattr(SimEngine, "_steady_steps", lambda self, plan, duration, growth: 1)
+    monkeypatch.setattr(SimEngine, "_steady_steps", lambda self, plan, duration, growth, now: 1)
 
 
 @pytest.mark.parametrize(
     ("policy", "unit", "host_gib"),
     [("vllm-opt", "tokens", None), ("autellix", "tokens", None), ("vllm-opt", "tokens", 4.0),
-     ("autellix", "tokens", 4.0), ("autellix", "time", 4.0)],
+     ("autellix", "tokens", 4.0), ("autellix", "time", 4.0), ("autellix-kv", "tokens", None),
+     ("autellix-kv", "tokens", 4.0)],
 )  # fmt: skip
 def test_macro_steps_give_the_results_of_single_steps(monkeypatch, policy, unit, host_gib):
     """With decode cost growing every step, a macro step of k steps (cut short by
@@ -85,7 +86,8 @@ def test_macro_steps_give_the_results_of_single_steps(monkeypatch, policy, unit,
         assert macro[key] == pytest.approx(single[key], rel=1e-9), key
     assert macro["preemptions"] > 0
     assert macro.get("reloaded_tokens", 0) == single.get("reloaded_tokens", 0)
-    assert macro.get("reloaded_tokens", 0) > 0 or host_gib is None
+    # Holds keep autellix-kv's contexts on the GPU here: nothing needs reloading.
+    assert macro.get("reloaded_tokens", 0) > 0 or host_gib is None or policy == "autellix-kv"
     assert macro["demotions"] > 0 or policy == "vllm-opt"
     assert macro["promotions"] > 0 or unit == "tokens"
 

@@ -98,7 +98,9 @@ def test_workloads_match_the_papers_statistics():
 
 
 def test_sim_policies_are_the_core_policies_and_two_vllm_baselines():
-    assert list(SIM_POLICIES) == ["vllm", "vllm-opt", "mlfq", "plas", "atlas", "autellix", "srpt"]
+    assert list(SIM_POLICIES) == [
+        "vllm", "vllm-opt", "mlfq", "plas", "atlas", "autellix", "autellix-kv", "srpt",
+    ]  # fmt: skip
     assert {core for core, _ in SIM_POLICIES.values()} == set(POLICY_NAMES)
     assert SIM_POLICIES["vllm"] == ("fcfs", False) and SIM_POLICIES["vllm-opt"] == ("fcfs", True)
     with pytest.raises(ValueError, match="unknown policy 'fcfs' \\(choose from vllm, vllm-opt"):

@@ -92,6 +92,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help="longest context of a call, for workloads grown to the model's maximum"
         f" (default: the workload's; agent: {AGENT_MAX_CONTEXT})",
     )
+    p.add_argument(
+        "--no-program-end",
+        dest="end_programs",
+        action="store_false",
+        help="clients never end their programs (agents without the SDK): a KV-aware"
+        " engine holds a finished program's last context until its hold expires",
+    )
     p.add_argument("--seed", type=int, default=0, help="the workload generator's seed")
     p.add_argument(
         "--levels", type=checked(Levels.parse),
@@ -226,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             config=config,
             kv_offload_gib=args.kv_offload_gib,
+            end_programs=args.end_programs,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -262,6 +270,7 @@ def _sweep(args: argparse.Namespace) -> int:
                 on_done=lambda key: bar.update(1),
                 kv_offload_gib=args.kv_offload_gib,
                 max_context=args.max_context,
+                end_programs=args.end_programs,
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None

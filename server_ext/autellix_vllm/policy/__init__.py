@@ -11,11 +11,21 @@ the scheduling math exists exactly once:
 * balancers (``routing``): the locality-aware rule and its baselines, registered
   by name in ``BALANCERS``;
 * ``bounded``: the size-bounded maps and sets both process tables keep;
-* ``config``: levels, the service unit, and :class:`ProgramLimits`;
+* ``residency``: which idle contexts a KV-aware engine holds and which calls it
+  admits (the working-set rule);
+* ``config``: levels, the service unit, :class:`ProgramLimits` and
+  :class:`ResidencyConfig`;
 * ``faults``: failures of a policy or an engine hook, confined to one call and counted.
 """
 
-from .config import DEFAULT_LIMITS, Levels, PolicyConfig, ProgramLimits, ServiceMeter
+from .config import (
+    DEFAULT_LIMITS,
+    Levels,
+    PolicyConfig,
+    ProgramLimits,
+    ResidencyConfig,
+    ServiceMeter,
+)
 from .core import ANONYMOUS_PREFIX, Counters, ProgramScheduler
 from .policies import (
     ATLAS,
@@ -26,6 +36,7 @@ from .policies import (
     POLICY_NAMES,
     SRPT,
     Autellix,
+    AutellixKV,
     Policy,
     make_policy,
 )
@@ -58,6 +69,7 @@ __all__ = [
     "POLICY_NAMES",
     "SRPT",
     "Autellix",
+    "AutellixKV",
     "Balancer",
     "Call",
     "CallState",
@@ -73,6 +85,7 @@ __all__ = [
     "ProgramLimits",
     "Program",
     "ProgramScheduler",
+    "ResidencyConfig",
     "RoundRobin",
     "Route",
     "ServiceMeter",

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .table import Program
 
 ServiceUnit = Literal["tokens", "time"]
 AtlasVariant = Literal["program", "thread"]
@@ -151,6 +154,43 @@ DEFAULT_LIMITS = ProgramLimits()
 
 
 @dataclass(frozen=True)
+class ResidencyConfig:
+    """How a KV-aware engine holds idle contexts and admits calls (policy.residency)."""
+
+    # Share of the engine's KV blocks that holds of idle contexts may take.
+    hold_share: float = 0.9
+    # Share of KV a non-resident call must leave free for resident contexts' growth.
+    headroom: float = 0.15
+    # Expected tool gap of a program with no history, and how many observed gaps
+    # it weighs against the program's own.
+    prior_gap_s: float = 2.0
+    prior_weight: float = 2.0
+    # A hold lasts this many expected gaps, within [min_ttl_s, max_ttl_s].
+    ttl_gaps: float = 4.0
+    min_ttl_s: float = 1.0
+    max_ttl_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.hold_share <= 1 or not 0 <= self.headroom < 1:
+            raise ValueError("hold_share must be in [0, 1] and headroom in [0, 1)")
+        if min(self.prior_gap_s, self.prior_weight, self.ttl_gaps) <= 0:
+            raise ValueError("prior_gap_s, prior_weight and ttl_gaps must be positive")
+        if not 0 <= self.min_ttl_s <= self.max_ttl_s:
+            raise ValueError("need 0 <= min_ttl_s <= max_ttl_s")
+
+    def expected_gap_s(self, program: Program) -> float:
+        """The program's mean tool gap, pulled towards the prior while it has few."""
+        total = self.prior_gap_s * self.prior_weight + program.gap_total_s
+        return total / (self.prior_weight + program.gaps)
+
+    def ttl_s(self, program: Program, hint_s: float | None = None) -> float:
+        """How long to hold the program's idle context: a client's hint if it gave
+        one, else a few expected gaps; within the bounds either way."""
+        ttl = hint_s if hint_s is not None else self.ttl_gaps * self.expected_gap_s(program)
+        return min(max(ttl, self.min_ttl_s), self.max_ttl_s)
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """Everything that parameterises a policy; shared by engine, router and simulator."""
 
@@ -168,6 +208,8 @@ class PolicyConfig:
     idle_ttl_s: float = 600.0
     # How large one program may grow in the process table.
     limits: ProgramLimits = DEFAULT_LIMITS
+    # How a KV-aware policy's engine holds idle contexts and admits calls.
+    residency: ResidencyConfig = field(default_factory=ResidencyConfig)
 
     def __post_init__(self) -> None:
         if self.beta <= 0:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from .config import PolicyConfig
 from .faults import Faults
 from .policies import Policy
 from .queue import WaitQueue
+from .residency import SKIPPED_WAITERS
 from .table import Call, CallState, ProcessTable, Program
 
 # The table is swept for idle programs at most this often (seconds).
@@ -138,6 +139,9 @@ class ProgramScheduler:
     ) -> Call | None:
         """The call as part of its program; None if the policy cannot place it."""
         program = self.table.open(program_id, now_s)
+        if not program.busy and program.last_completion_s is not None:
+            program.gaps += 1  # it was idle, in a tool, since its last call ended
+            program.gap_total_s += max(0.0, now_s - program.last_completion_s)
         program.last_arrival_s = now_s
         prior_service = min(prior_service, self.table.limits.max_prior_service)
         program.attained_service = max(program.attained_service, prior_service)
@@ -175,6 +179,17 @@ class ProgramScheduler:
         except Exception as error:
             self.faults.record("base", error, fallback)
             return None
+
+    def program_level(self, program: Program) -> int:
+        """The level the next call of ``program`` would enter (the last level if the
+        policy fails; 0 for policies without levels)."""
+        if not self.policy.uses_levels:
+            return 0
+        try:
+            return self.levels.level_of(float(self.policy.program_base(program)))
+        except Exception as error:
+            self.faults.record("program_base", error, "the program ranks last")
+            return self._last_level
 
     def rank(self, call: Call) -> tuple[float, int]:
         """The policy's rank for ``call``; if it fails, the call ranks by its level."""
@@ -263,17 +278,24 @@ class ProgramScheduler:
         """The running call to preempt first: the worst rank."""
         return max(running, key=self.rank)
 
-    def victims(self, running: Sequence[Call], free_seats: int) -> list[Call]:
+    def victims(
+        self,
+        running: Sequence[Call],
+        free_seats: int,
+        admissible: Callable[[Call], bool] | None = None,
+    ) -> list[Call]:
         """Running calls that better waiting calls should displace from a full batch.
 
         The best ``free_seats`` waiters take the free seats; each waiter after them
         displaces the worst remaining running call if it outranks it (a strictly
-        better level), so preemption never happens within a level.
+        better level), so preemption never happens within a level. With
+        ``admissible`` (a KV-aware engine's working-set rule), only waiters it
+        admits count: a call that would not be admitted displaces nobody.
         """
         if not self.waiting or not running:
             return []
         free_seats = max(free_seats, 0)
-        waiters = self.waiting.best(free_seats + 1)
+        waiters = self._best_waiters(free_seats + 1, admissible)
         if len(waiters) <= free_seats:
             return []
         worst = self.worst(running)
@@ -282,13 +304,19 @@ class ProgramScheduler:
         # At least one preemption: pair the waiters, best first, with the running
         # calls, worst first, while the waiter is better.
         by_badness = sorted(running, key=self.rank, reverse=True)
-        waiters = self.waiting.best(free_seats + len(by_badness))[free_seats:]
+        waiters = self._best_waiters(free_seats + len(by_badness), admissible)[free_seats:]
         chosen = []
         for waiter, victim in zip(waiters, by_badness, strict=False):
             if not self.outranks(waiter, victim):
                 break
             chosen.append(victim)
         return chosen
+
+    def _best_waiters(self, limit: int, admissible: Callable[[Call], bool] | None) -> list[Call]:
+        if admissible is None:
+            return self.waiting.best(limit)
+        looked_at = self.waiting.best(limit + SKIPPED_WAITERS)
+        return [call for call in looked_at if admissible(call)][:limit]
 
     def preempt(self, call: Call) -> None:
         """A running call was evicted from the batch: it waits again."""

@@ -39,6 +39,9 @@ class Policy(ABC):
     program_aware: ClassVar[bool] = True
     # Clairvoyant policies need each program's remaining work: simulator only.
     clairvoyant: ClassVar[bool] = False
+    # KV-aware policies have the engine hold idle contexts and admit by working
+    # set (policy.residency).
+    kv_aware: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -53,6 +56,10 @@ class Policy(ABC):
     @abstractmethod
     def base(self, call: Call) -> float:
         """The priority base of a newly arrived call (in service units)."""
+
+    def program_base(self, program: Program) -> float:
+        """The base the program's next call would get (ranks idle programs)."""
+        return program.attained_service
 
     def complete(self, call: Call, charged: float) -> None:  # noqa: B027 - optional hook
         """A call finished after being charged ``charged`` new service."""
@@ -134,6 +141,9 @@ class ATLAS(Policy):
         thread.critical_path = thread.joined_critical_path()
         return thread.critical_path
 
+    def program_base(self, program: Program) -> float:
+        return program.critical_path
+
     def complete(self, call: Call, charged: float) -> None:
         path = call.base + call.service
         program = call.program
@@ -156,6 +166,19 @@ class Autellix(ATLAS):
         if call.program.multi_threaded:
             return super().base(call)
         return max(super().base(call), call.program.attained_service)
+
+    def program_base(self, program: Program) -> float:
+        if program.multi_threaded:
+            return program.critical_path
+        return max(program.critical_path, program.attained_service)
+
+
+class AutellixKV(Autellix):
+    """Autellix's order, with the engine's KV managed by program (policy.residency):
+    idle contexts held by rank, admission by working set, cheap victims first."""
+
+    name = "autellix-kv"
+    kv_aware = True
 
 
 class SRPT(Policy):

@@ -85,6 +85,10 @@ class Program:
     critical_path: float = 0.0
     # Waiting of its finished calls, in the wait clock's unit.
     wait: float = 0.0
+    # Tool gaps seen (idle stretches from a completion to the next arrival) and
+    # their total, for how long an engine holds its idle context (residency).
+    gaps: int = 0
+    gap_total_s: float = 0.0
     threads: dict[str, Thread] = field(default_factory=dict)
     # Calls in flight, in arrival order, keyed by id(call): call ids may repeat.
     active_calls: dict[int, Call] = field(default_factory=dict)

@@ -24,10 +24,16 @@ asynchronous, as in vLLM: the call holds its blocks but no seat while its KV
 streams in (one transfer at a time per engine), then joins the batch ahead of
 the waiting calls.
 
+Under a KV-aware policy (``policy.residency``) the engine also holds an idle
+context's blocks after its call ends (pinned like a shared prefix, until the
+program's next call is admitted or the hold ends), skips waiting calls outside
+the working set, breaks holds of worse-ranked programs before it preempts, and
+preempts the running call cheapest to undo within the worst level.
+
 A step with only decodes repeats until something changes, so the engine runs
 such stretches as one *macro step* of k steps (until the first completion,
-demotion, starvation promotion or block boundary, or an arrival or finished
-load, which truncates it). When decode cost grows with context, each step of it
+demotion, starvation promotion, block boundary or hold expiry, or an arrival or
+finished load, which truncates it). When decode cost grows with context, each step of it
 is longer than the one before by the context it added. This is what makes a
 sweep run in seconds.
 """
@@ -36,10 +42,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..policy import Call, ProgramScheduler
+from ..policy.residency import SKIPPED_WAITERS, Residency
 from ..workloads.trace import CallSpec
 from .presets import EnginePreset
 
@@ -154,15 +161,29 @@ class KVPool:
         return _prefix_blocks(self.cache.get(job.context, 0), job, self.block_size)
 
     def admit(self, job: Job, hit_blocks: int) -> None:
-        pid = job.context
         job.hit_blocks = hit_blocks
         job.computed = hit_blocks * self.block_size
         if hit_blocks:
-            self.cache.move_to_end(pid)
-            if pid not in self.pins:
-                self.pins[pid] = 0
-                self.pinned_blocks += _blocks(self.cache[pid], self.block_size)
-            self.pins[pid] += 1
+            self.cache.move_to_end(job.context)
+            self.pin(job.context)
+
+    def pin(self, context: str) -> None:
+        """Keep ``context``'s cached blocks from eviction (a call shares them, or the
+        residency holds them) until as many :meth:`unpin` calls."""
+        if context not in self.pins:
+            self.pins[context] = 0
+            self.pinned_blocks += _blocks(self.cache[context], self.block_size)
+        self.pins[context] += 1
+
+    def unpin(self, context: str) -> None:
+        self.pins[context] -= 1
+        if not self.pins[context]:
+            del self.pins[context]
+            self.pinned_blocks -= _blocks(self.cache[context], self.block_size)
+
+    def context_blocks(self, context: str) -> int:
+        """Blocks cached for ``context`` (0 if none)."""
+        return _blocks(self.cache.get(context, 0), self.block_size)
 
     def grow(self, job: Job, tokens: int) -> bool:
         """Make room for ``tokens`` more of ``job``'s KV; False if the pool is full."""
@@ -186,10 +207,7 @@ class KVPool:
         job.own_blocks = 0
         if job.hit_blocks:
             job.hit_blocks = 0
-            self.pins[pid] -= 1
-            if not self.pins[pid]:
-                del self.pins[pid]
-                self.pinned_blocks -= _blocks(self.cache[pid], bs)
+            self.unpin(pid)
         if self.prefix_caching and job.computed:
             old = self.cache.get(pid, 0)
             new = max(old, job.computed)
@@ -294,12 +312,17 @@ class _Batch:
     budget: int
     decodes: list[Job] = field(default_factory=list)
     prefills: list[tuple[Job, int]] = field(default_factory=list)  # job, prompt tokens
+    jobs: set[Job] = field(default_factory=set)
+
+    def __contains__(self, job: Job) -> bool:
+        return job in self.jobs
 
     def add(self, job: Job, tokens: int) -> None:
         if job.missing == 1:  # the last sampled token: a decode
             self.decodes.append(job)
         else:
             self.prefills.append((job, tokens))
+        self.jobs.add(job)
         self.budget -= tokens
 
 
@@ -325,14 +348,22 @@ class SimEngine:
             if preset.host_blocks and prefix_caching
             else None
         )
+        # KV-aware policies: holds of idle contexts and the working-set rule.
+        self.residency = (
+            Residency(core.config.residency, preset.kv_blocks, core.program_level)
+            if core.policy.kv_aware and prefix_caching
+            else None
+        )
         self.on_complete = on_complete
-        self.wake_at = wake_at  # asks for a step at a time: a load from the host is done
+        # Asks for a step at a time: a load from the host is done, a hold expires.
+        self.wake_at = wake_at
         self.running: list[Job] = []
         self.loading: list[Job] = []  # admitted, KV loading from the host tier: no seat yet
         self.step: Step | None = None
         self.steps = 0
         self.preemptions = 0
         self.recomputed_tokens = 0
+        self._hold_wake: float | None = None  # the hold expiry a wake is posted for
 
     @property
     def load(self) -> int:
@@ -353,7 +384,17 @@ class SimEngine:
             payload=job,
         )
         job.wait_since = now
+        if self.residency is not None:
+            self.residency.waiting(job.context)
         self.core.enqueue(job.call)
+
+    def end_program(self, program_id: str) -> None:
+        """The program's client ended it (as the SDK does when a program returns): it
+        leaves the table and its idle contexts are no longer held."""
+        self.core.end_program(program_id)
+        if self.residency is not None:
+            for context in self.residency.release_program(program_id):
+                self.kv.unpin(context)
 
     # ---- one (macro) step ----------------------------------------------------------
 
@@ -363,6 +404,7 @@ class SimEngine:
         The phases of vLLM V1's ``Scheduler.schedule()``, in its order: seats,
         running calls, waiting calls (only if no running call was preempted).
         """
+        self._expire_holds(now)
         self._free_seats_for_waiters(now)
         batch = _Batch(self.preset.token_budget)
         preempted = self._schedule_running(batch, now)
@@ -376,20 +418,22 @@ class SimEngine:
         """Preempt the running calls that better waiting calls displace from a full batch
         (calls whose KV has loaded take their seats first)."""
         free = self._free_seats() - len(self._loaded(now))
-        for victim in self.core.victims([j.call for j in self.running], free):
+        admissible = None if self.residency is None else (lambda c: self._admissible(c.payload))
+        for victim in self.core.victims([j.call for j in self.running], free, admissible):
             self._preempt(victim.payload, now)
 
     def _schedule_running(self, batch: _Batch, now: float) -> bool:
         """Give running calls, best first, their next tokens within the budget. When KV
-        blocks run out, the worst-ranked running call is preempted; True if any was."""
-        rank = self.core.policy.rank
+        blocks run out, a running call not yet in the batch is preempted (the
+        worst-ranked, or with residency the cheapest of the worst level); True if any
+        was."""
         preempted: set[Job] = set()
         for job in self._running_in_rank_order(batch.budget):
             if job in preempted or batch.budget <= 0:
                 continue
             tokens = min(job.missing, batch.budget)
-            while not self.kv.grow(job, tokens):
-                victim = max(self.running, key=lambda j: rank(j.call))
+            while not self._grow(job, tokens, job.call.level):
+                victim = self._victim([j for j in self.running if j not in batch])
                 self._preempt(victim, now)
                 preempted.add(victim)
                 if victim is job:
@@ -415,22 +459,45 @@ class SimEngine:
         if not self._resume_loaded(batch, now):
             return
         core = self.core
-        while batch.budget > 0 and self._free_seats() > 0 and core.waiting:
-            job = core.peek().payload
+        for job in self._admission_order(batch):
+            if batch.budget <= 0 or self._free_seats() <= 0:
+                break
+            # What holds the call may break: worse-ranked programs', or on an idle
+            # engine any (nothing would free them sooner).
+            level = job.call.level if self.running or self.loading else -1
+            if not self._admissible(job):
+                if job.call.promotions or level < 0:  # starving, or nothing runs
+                    self._make_room(self._footprint(job), level)
+                    if not self._admissible(job):
+                        break
+                else:
+                    continue  # outside the working set: it waits, later calls may go
             hit = self.kv.hit(job)
             reload = self.host.hit(job) - hit if self.host else 0
             self.kv.admit(job, hit)
             if reload > 0:
-                if not self._start_load(job, reload * self.kv.block_size, now):
+                if not self._start_load(job, reload * self.kv.block_size, now, level):
                     break
                 continue
             tokens = min(job.missing, batch.budget)
-            if not self.kv.grow(job, tokens):
+            if not self._grow(job, tokens, level):
                 self.kv.release(job)  # back out: it waits for blocks
                 break
+            self._take_hold(job)
             core.start(job.call)
             self._count_prompt(job)
             self._run(job, tokens, batch, now)
+        self._wake_for_holds(now)
+
+    def _admission_order(self, batch: _Batch) -> list[Job] | Iterator[Job]:
+        """Waiting calls, best first. Without residency, only the head: admission stops
+        at the first call that does not fit (head-of-line blocking, as in vLLM). With
+        it, calls outside the working set are skipped, so the best few are looked at."""
+        core = self.core
+        if self.residency is None:
+            return (core.peek().payload for _ in iter(lambda: bool(core.waiting), False))
+        looked_at = min(self._free_seats(), batch.budget) + SKIPPED_WAITERS
+        return [call.payload for call in core.waiting.best(looked_at)]
 
     def _count_prompt(self, job: Job) -> None:
         """Prefix-cache statistics of an admitted call: its GPU hit and its prompt."""
@@ -442,14 +509,15 @@ class SimEngine:
         self.running.append(job)
         batch.add(job, tokens)
 
-    def _start_load(self, job: Job, tokens: int, now: float) -> bool:
+    def _start_load(self, job: Job, tokens: int, now: float, level: int) -> bool:
         """Admit ``job`` to load ``tokens`` of its prefix from the host tier; False if the
         blocks for them and its first chunk are not there (it keeps waiting)."""
         first_chunk = min(job.missing - tokens, self.preset.token_budget)
-        if not self.kv.grow(job, tokens + first_chunk):
+        if not self._grow(job, tokens + first_chunk, level):
             self.kv.release(job)
             return False
         assert self.host is not None
+        self._take_hold(job)
         self.core.start(job.call)
         self._count_prompt(job)
         job.computed += tokens
@@ -469,7 +537,7 @@ class SimEngine:
             if batch.budget <= 0 or self._free_seats() <= 0:
                 return False
             tokens = min(job.missing, batch.budget)
-            if not self.kv.grow(job, tokens):
+            if not self._grow(job, tokens, job.call.level):
                 return False
             self.loading.remove(job)
             self._run(job, tokens, batch, now)
@@ -478,9 +546,9 @@ class SimEngine:
     def _start(self, batch: _Batch, now: float, steady: bool) -> Step | None:
         """Time the batch as one step, or (if ``steady``) as a macro step of decode steps."""
         if not batch.decodes and not batch.prefills:
-            if not any(job.ready_at > now for job in self.loading) and (
-                self.running or self.core.waiting or self.loading
-            ):
+            loading = any(job.ready_at > now for job in self.loading)
+            holding = self.residency is not None and bool(self.residency.holds)
+            if not loading and not holding and (self.running or self.core.waiting or self.loading):
                 raise RuntimeError(f"engine {self.name}: a call does not fit in an empty engine")
             self.step = None  # idle, or until a load from the host tier is done
             return None
@@ -497,7 +565,7 @@ class SimEngine:
         duration = preset.step_time(len(batch.decodes), prefill_tokens, context, pairs)
         growth = preset.per_context_token * len(batch.decodes)
         steady = steady and not batch.prefills
-        repeat = self._steady_steps(batch.decodes, duration, growth) if steady else 1
+        repeat = self._steady_steps(batch.decodes, duration, growth, now) if steady else 1
         self.step = Step(batch.decodes, batch.prefills, duration, repeat, now, growth)
         return self.step
 
@@ -563,9 +631,98 @@ class SimEngine:
             self.running.remove(job)
             self._release(job)
             core.finish(job.call, now)
+            self._hold_idle(job, now)
             self.on_complete(job, now)
         self.step = None
         return now
+
+    # ---- KV residency (KV-aware policies) ---------------------------------------------
+
+    def _footprint(self, job: Job) -> int:
+        """Blocks ``job``'s whole context takes once admitted."""
+        return _blocks(job.prompt + job.decoded + 1, self.kv.block_size)
+
+    def _admissible(self, job: Job) -> bool:
+        """The working-set rule: a call whose context is resident (held, or in use by a
+        running call) may always be admitted; any other only if it fits."""
+        if self.residency is None or job.context in self.kv.pins:
+            return True
+        return self.residency.fits(self._footprint(job), self.kv.reclaimable)
+
+    def _grow(self, job: Job, tokens: int, level: int) -> bool:
+        """:meth:`KVPool.grow`, breaking holds of programs worse than ``level`` if blocks
+        run out."""
+        if self.kv.grow(job, tokens):
+            return True
+        if self.residency is None:
+            return False
+        for context in self.residency.breakable(level):
+            self._break_hold(context)
+            if self.kv.grow(job, tokens):
+                return True
+        return False
+
+    def _make_room(self, blocks: int, level: int) -> None:
+        """Break holds of programs worse than ``level`` (-1: any) until ``blocks`` fit
+        beside the headroom."""
+        assert self.residency is not None
+        for context in self.residency.breakable(level):
+            if self.residency.fits(blocks, self.kv.reclaimable):
+                return
+            self._break_hold(context)
+
+    def _break_hold(self, context: str) -> None:
+        assert self.residency is not None
+        self.residency.release(context)
+        self.residency.broken += 1
+        self.kv.unpin(context)
+
+    def _take_hold(self, job: Job) -> None:
+        """``job`` was admitted: its context's hold, if any, ends (the call pins it now)."""
+        if self.residency is not None and self.residency.take(job.context):
+            self.kv.unpin(job.context)
+
+    def _hold_idle(self, job: Job, now: float) -> None:
+        """``job`` completed: hold its context if no other call uses it and the
+        residency grants it."""
+        residency, context = self.residency, job.context
+        if residency is None or context in self.kv.pins or context not in self.kv.cache:
+            return
+        assert job.call is not None
+        blocks = self.kv.context_blocks(context)
+        for ended in residency.hold(context, job.call.program, blocks, now):
+            self.kv.unpin(ended)
+        if context in residency:
+            self.kv.pin(context)
+
+    def _expire_holds(self, now: float) -> None:
+        if self.residency is not None:
+            for context in self.residency.expired(now):
+                self.kv.unpin(context)
+
+    def _wake_for_holds(self, now: float) -> None:
+        """Calls wait outside the working set: step again when the next hold expires."""
+        if self.residency is None or not self.core.waiting:
+            return
+        expiry = self.residency.next_expiry()
+        if expiry is not None and expiry > now and expiry != self._hold_wake:
+            self._hold_wake = expiry
+            self.wake_at(self, expiry)
+
+    def _victim(self, candidates: list[Job]) -> Job:
+        """The running call to preempt when KV runs out, of ``candidates``."""
+        rank = self.core.policy.rank
+        if self.residency is None:
+            return max(candidates, key=lambda j: rank(j.call))
+        victim = self.residency.victim([j.call for j in candidates], rank, self._undo_cost)
+        return victim.payload
+
+    def _undo_cost(self, call: Call) -> float:
+        """Tokens a preemption of ``call`` makes the engine recompute (a reload from the
+        host tier counts a hundredth of a token each)."""
+        job: Job = call.payload
+        kept = min(job.computed, self.host.cache.get(job.context, 0)) if self.host else 0
+        return job.computed - kept + kept / 100
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -587,9 +744,9 @@ class SimEngine:
         job.wait_since = now
         self.core.preempt(job.call)
 
-    def _steady_steps(self, plan: list[Job], duration: float, growth: float) -> int:
+    def _steady_steps(self, plan: list[Job], duration: float, growth: float, now: float) -> int:
         """How many decode-only steps (the first ``duration`` long, each next one
-        ``growth`` longer) can run before anything changes."""
+        ``growth`` longer, from ``now``) can run before anything changes."""
         core = self.core
         k = min(job.decode_left for job in plan)
         # Enough blocks for every job to cross its block boundaries? While a call
@@ -600,6 +757,9 @@ class SimEngine:
         if self.preset.exact_macro_steps and core.waiting and self._free_seats() > 0:
             blocks = self.kv.free
         k = min(k, max(1, (blocks // len(plan)) * bs))
+        expiry = self.residency.next_expiry() if self.residency is not None else None
+        if expiry is not None:  # a hold that ends frees blocks and may admit a waiter
+            k = min(k, max(1, steps_to_reach(expiry - now, duration, growth)))
         if core.waiting:
             # A demotion or a starvation promotion may let a waiter preempt.
             # Service per call in the first step, and how much more in each next one.

@@ -120,6 +120,7 @@ class Simulation:
         locality_threshold: int,
         stop_above: float | None,
         kv_offload_gib: float | None = None,
+        end_programs: bool = True,
     ) -> None:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy, "policy")
         if engines < 1:
@@ -128,6 +129,8 @@ class Simulation:
         spec = spec.with_kv_offload_gib(kv_offload_gib)
         config = config or PolicyConfig()
         self.balancer = make_balancer(lb, locality_threshold)
+        # Clients end their programs after the last call, as the SDK does.
+        self.end_programs = end_programs
         self.started = time.perf_counter()
 
         self.runs: dict[str, ProgramRun] = {}
@@ -278,6 +281,9 @@ class Simulation:
         if run.calls_left == 0:
             run.end = now
             self.balancer.forget(pid)
+            if self.end_programs:
+                for engine in self.engines:
+                    engine.end_program(pid)
             if self.bound is not None:
                 self.bound.finished(run)
 
@@ -346,6 +352,7 @@ def simulate(
     locality_threshold: int = 2048,
     stop_above: float | None = None,
     kv_offload_gib: float | None = None,
+    end_programs: bool = True,
 ) -> SimResult:
     """Run ``programs`` to completion and report the paper's metrics.
 
@@ -354,6 +361,9 @@ def simulate(
     ``avg_latency_per_token``, the lower bound that crossed the line.
     ``kv_offload_gib`` gives every engine a host-memory KV tier of that size
     (None: the preset's); the metrics then count ``reloaded_tokens``.
+    ``end_programs``: clients end each program after its last call, as the SDK
+    does (False: agents that never say, so a KV-aware engine holds their last
+    context until its hold expires).
     """
     return Simulation(
         programs,
@@ -366,4 +376,5 @@ def simulate(
         locality_threshold=locality_threshold,
         stop_above=stop_above,
         kv_offload_gib=kv_offload_gib,
+        end_programs=end_programs,
     ).run()

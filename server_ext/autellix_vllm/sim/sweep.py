@@ -49,6 +49,7 @@ class SweepSetup:
     slo: float = 0.0
     kv_offload_gib: float | None = None  # a host KV tier (None: the preset's)
     max_context: int | None = None  # the workload's context cap (None: its default)
+    end_programs: bool = True  # clients end their programs (see simulate)
 
     def trace(self, rate: float) -> list[ProgramSpec]:
         count = self.programs or max(1, round(rate * self.duration))
@@ -74,6 +75,7 @@ def _run(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]
         config=setup.config,
         stop_above=setup.slo or None,  # no SLO yet while measuring it
         kv_offload_gib=setup.kv_offload_gib,
+        end_programs=setup.end_programs,
     ).metrics
 
 
@@ -136,6 +138,7 @@ def sweep(
     on_done: Callable[[str], None] | None = None,
     kv_offload_gib: float | None = None,
     max_context: int | None = None,
+    end_programs: bool = True,
 ) -> tuple[dict[str, Any], list[Curve]]:
     """Max rate within the SLO for every policy (and balancer); see the module doc."""
     if not policies or not lbs:
@@ -146,7 +149,7 @@ def sweep(
     window = duration or spec.sweep_seconds
     setup = SweepSetup(
         workload, seed, engines, preset, max_num_seqs, config or PolicyConfig(), window, programs,
-        kv_offload_gib=kv_offload_gib, max_context=max_context,
+        kv_offload_gib=kv_offload_gib, max_context=max_context, end_programs=end_programs,
     )  # fmt: skip
     cap = capacity_rate(setup)
     runs = [(p if len(lbs) == 1 else f"{p}/{lb}", p, lb) for p in policies for lb in lbs]
@@ -178,6 +181,7 @@ def sweep(
         "censored": [c.key for c in curves if c.censored],
         **({"kv_offload_gib": kv_offload_gib} if kv_offload_gib is not None else {}),
         **({"max_context": max_context} if max_context is not None else {}),
+        **({} if end_programs else {"end_programs": False}),
     }, curves
 
 

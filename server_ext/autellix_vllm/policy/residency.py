@@ -1,0 +1,229 @@
+"""KV residency: which idle contexts an engine keeps, and which calls may take KV.
+
+A long-context agent spends most of its life between calls, in a tool, with a
+context of tens of thousands of tokens cached on the engine. An order that
+ignores this thrashes once the contexts of the sessions in flight no longer fit
+in KV: every newly admitted call evicts some idle session's context, which its
+next call prefills again, which evicts another. Three rules, in KV blocks, keep
+the set of programs an engine works on within its KV, as an operating system's
+working set keeps processes within memory:
+
+* **Retention.** When a context goes idle (its call ended), the engine holds its
+  blocks for a while if its program is expected back: for a few of the
+  program's own expected tool gaps (their mean, pulled towards a prior), or for
+  the time a client hint gives. Holds share a budget (a part of KV) and are
+  granted by program level, so a program's idle context never displaces a
+  better-ranked program's hold; a hold ends when the program's next call is
+  admitted, when it expires, or when a better-ranked call needs its blocks.
+* **Working set.** A call whose context is not resident (not held, not in use
+  by a running call) is admitted only if its whole context fits in KV that is
+  free or cached but not held, minus a headroom for the resident contexts'
+  growth.
+  Otherwise it waits, and calls behind it may go first; it does not evict held
+  contexts. A call that anti-starvation promoted may break holds of programs in
+  worse levels: every wait stays bounded.
+* **Victim cost.** When KV runs out under running calls, holds of worse-ranked
+  programs go first; then, among the running calls of the worst level, the one
+  whose preemption is cheapest to undo (nothing cached is cheapest, a reload
+  from host memory next, recomputing a long context dearest).
+
+This module keeps the holds and makes the decisions; the engine (the simulator
+or the vLLM scheduler) owns the blocks and applies them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .config import ResidencyConfig
+from .table import Call, Program
+
+# How many waiting calls outside the working set admission looks past in a step
+# (they are skipped, not evicted for); bounds the cost of a step.
+SKIPPED_WAITERS = 64
+
+
+@dataclass(eq=False, slots=True)
+class Hold:
+    """An idle context whose blocks the engine keeps."""
+
+    context: str
+    program: Program
+    blocks: int
+    level: int
+    until: float  # inf while a call of the context waits to be admitted
+    seq: int
+
+
+class Residency:
+    """The holds of one engine and the working-set rule (see the module docstring).
+
+    ``level_of`` gives a program's level as its next call would enter it; holds
+    are compared by it (higher is worse).
+    """
+
+    def __init__(
+        self,
+        config: ResidencyConfig,
+        capacity_blocks: int,
+        level_of: Callable[[Program], int],
+    ) -> None:
+        self.config = config
+        self.capacity_blocks = capacity_blocks
+        self.level_of = level_of
+        self.holds: dict[str, Hold] = {}
+        self.held_blocks = 0
+        self._seq = itertools.count()
+        self._expiry: list[tuple[float, int, str]] = []  # (until, seq, context), lazily stale
+        # Counters, for reports.
+        self.granted = 0
+        self.refused = 0
+        self.taken = 0
+        self.expired_count = 0
+        self.broken = 0
+
+    @property
+    def budget_blocks(self) -> int:
+        return int(self.capacity_blocks * self.config.hold_share)
+
+    @property
+    def headroom_blocks(self) -> int:
+        return math.ceil(self.capacity_blocks * self.config.headroom)
+
+    def __contains__(self, context: str) -> bool:
+        return context in self.holds
+
+    # ---- retention ------------------------------------------------------------------
+
+    def hold(
+        self, context: str, program: Program, blocks: int, now: float, hint_s: float | None = None
+    ) -> list[str]:
+        """``context`` went idle with ``blocks`` cached: hold it if the budget allows,
+        displacing holds of worse-ranked programs (worst first, oldest first).
+
+        Returns the contexts whose holds ended to make room; the engine releases
+        them. Whether ``context`` itself is held: ``context in residency``.
+        """
+        if context in self.holds:
+            self._drop(context)
+        if program.ended or blocks <= 0:
+            return []
+        level = self.level_of(program)
+        ended: list[str] = []
+        room = self.budget_blocks - self.held_blocks
+        if blocks > room:
+            worse = [h for h in self._worst_first(self.holds.values()) if h.level > level]
+            if blocks > room + sum(h.blocks for h in worse):
+                self.refused += 1
+                return []
+            for victim in worse:
+                if blocks <= room:
+                    break
+                room += victim.blocks
+                self._drop(victim.context)
+                self.broken += 1
+                ended.append(victim.context)
+        until = now + self.config.ttl_s(program, hint_s)
+        held = Hold(context, program, blocks, level, until, next(self._seq))
+        self.holds[context] = held
+        self.held_blocks += blocks
+        heapq.heappush(self._expiry, (until, held.seq, context))
+        self.granted += 1
+        return ended
+
+    def waiting(self, context: str) -> None:
+        """A call of the held ``context`` arrived: the hold lasts until it is admitted."""
+        held = self.holds.get(context)
+        if held is not None:
+            held.until = math.inf
+
+    def take(self, context: str) -> bool:
+        """The context's next call was admitted (its blocks are in use again), or the
+        engine dropped the blocks: the hold ends. True if there was one."""
+        if context not in self.holds:
+            return False
+        self._drop(context)
+        self.taken += 1
+        return True
+
+    def release(self, context: str) -> bool:
+        """End a hold without its context being used (the engine needs its blocks).
+        True if there was one."""
+        if context not in self.holds:
+            return False
+        self._drop(context)
+        return True
+
+    def release_program(self, program_id: str) -> list[str]:
+        """The program ended (its client said so): end its holds; returns their
+        contexts."""
+        ended = [c for c, h in self.holds.items() if h.program.program_id == program_id]
+        for context in ended:
+            self._drop(context)
+        return ended
+
+    def expired(self, now: float) -> list[str]:
+        """End the holds whose time is up at ``now``; returns their contexts."""
+        out = []
+        heap = self._expiry
+        while heap and heap[0][0] <= now:
+            _, seq, context = heapq.heappop(heap)
+            held = self.holds.get(context)
+            if held is None or held.seq != seq or held.until > now:
+                continue  # stale: taken, re-held, or waited on since
+            self._drop(context)
+            self.expired_count += 1
+            out.append(context)
+        return out
+
+    def next_expiry(self) -> float | None:
+        """When the next hold may expire (None if no hold can)."""
+        heap = self._expiry
+        while heap:
+            until, seq, context = heap[0]
+            held = self.holds.get(context)
+            if held is not None and held.seq == seq and held.until == until:
+                return until
+            heapq.heappop(heap)
+        return None
+
+    def breakable(self, level: int) -> list[str]:
+        """Held contexts of programs in a level worse than ``level``, worst first and,
+        within a level, oldest first: what a call of ``level`` may take blocks from."""
+        worse = (h for h in self.holds.values() if h.level > level)
+        return [h.context for h in self._worst_first(worse)]
+
+    def _drop(self, context: str) -> None:
+        held = self.holds.pop(context)
+        self.held_blocks -= held.blocks
+
+    @staticmethod
+    def _worst_first(holds: Iterable[Hold]) -> list[Hold]:
+        return sorted(holds, key=lambda h: (-h.level, h.seq))
+
+    # ---- the working set and victims ------------------------------------------------
+
+    def fits(self, context_blocks: int, reclaimable_blocks: int) -> bool:
+        """Whether a call whose context is not resident may be admitted: its whole
+        context fits in the blocks that are free or evictable (not held, not in use),
+        with the headroom left over."""
+        return context_blocks <= reclaimable_blocks - self.headroom_blocks
+
+    @staticmethod
+    def victim(
+        running: Iterable[Call],
+        rank: Callable[[Call], tuple[float, int]],
+        undo_cost: Callable[[Call], float],
+    ) -> Call:
+        """The running call to preempt when KV runs out: the worst level first (the
+        paper's order), then the cheapest to undo, then the worst rank."""
+        calls = list(running)
+        worst_level = max(call.level for call in calls)
+        return min(
+            (call for call in calls if call.level == worst_level),
+            key=lambda call: (undo_cost(call), tuple(-x for x in rank(call))),
+        )
