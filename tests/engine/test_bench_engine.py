@@ -35,6 +35,20 @@ def test_workload_is_seeded_and_fits_the_model():
     assert {p.threads > 1 for p in programs} == {True, False}
 
 
+def test_agent_sessions_end_where_the_scaled_context_does():
+    """Sessions grow each prompt from the one before; scaled to the CPU model they end
+    at its context instead of being cut, so every turn still extends the last."""
+    settings = BenchSettings(workload="agent", programs=14, max_model_len=2560)
+    programs = build_workload(settings)
+    longest = max(c.prompt_tokens + c.decode_tokens for p in programs for c in p.calls)
+    assert 2000 < longest <= settings.max_model_len - 8
+    for program in programs:
+        main = [c for c in program.calls if c.thread is None]
+        prompts = [c.prompt_tokens for c in main]
+        assert prompts == sorted(prompts) and len(set(prompts)) == len(prompts)
+        assert all(c.tool_gap <= settings.max_tool_gap_s for c in program.calls)
+
+
 def test_a_trace_keeps_its_arrivals_and_gaps_and_is_cut_to_the_context(tmp_path):
     calls = (
         CallSpec("a1", 900, 40),

@@ -48,7 +48,7 @@ from autellix_vllm.engine.models import resolve_model
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.protocol import COMPLETIONS_PATH, ENGINE_TABLE_PATH
 from autellix_vllm.stats import percentile
-from autellix_vllm.workloads import at_rate, generate, load_trace
+from autellix_vllm.workloads import at_rate, generate, get_workload, load_trace
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
 
 PROMPT_HEADROOM = 8  # tokens kept free below max_model_len
@@ -74,8 +74,16 @@ class BenchSettings:
     min_decode: int = 4
     max_decode: int = 128
     tool_gap_s: float = 0.05  # mean tool gap where the workload has none
+    # Longer tool gaps are cut to this (the agent workload's tail reaches five
+    # minutes, which would stretch a run without loading the engine).
+    max_tool_gap_s: float = 10.0
     max_num_seqs: int = 4
     max_model_len: int = 1024
+    # The engine's KV cache in blocks (vLLM's --num-gpu-blocks-override; None: as
+    # much as its memory allows): a KV-bound engine, where residency matters.
+    kv_blocks: int | None = None
+    # The policy of the autellix scheduler (None: the engine's default).
+    policy: str | None = None
     call_timeout_s: float = 1800.0
     schedulers: tuple[str, str] = ("fcfs", "autellix")  # baseline, candidate
     side_by_side: bool = False
@@ -114,8 +122,21 @@ def build_workload(settings: BenchSettings) -> list[ProgramSpec]:
     if settings.programs is None:
         raise ValueError("a generated workload needs a number of programs")
     rate = settings.rate or 1.0
-    programs = generate(settings.workload, settings.programs, rate, settings.seed)
+    programs = generate(
+        settings.workload, settings.programs, rate, settings.seed, _context_cap(settings)
+    )
     return [_scaled(program, settings) for program in programs]
+
+
+def _context_cap(settings: BenchSettings) -> int | None:
+    """For a workload whose contexts grow to the model's maximum (agent): the
+    unscaled context that fits the engine's ``max_model_len`` once scaled, so
+    sessions end where the model's context does instead of being cut mid-way
+    (a cut prompt would no longer extend the one before it). None for others."""
+    if not get_workload(settings.workload).context_limited:
+        return None
+    usable = settings.max_model_len - PROMPT_HEADROOM - settings.max_decode
+    return max(2, int(usable / settings.token_scale))
 
 
 def _rate_scale(programs: list[ProgramSpec], rate: float | None) -> float:
@@ -135,7 +156,7 @@ def _scaled(program: ProgramSpec, settings: BenchSettings) -> ProgramSpec:
     for call in program.calls:
         decode = round(call.decode_tokens * settings.token_scale)
         decode = min(settings.max_decode, max(settings.min_decode, decode))
-        gap = call.tool_gap
+        gap = min(call.tool_gap, settings.max_tool_gap_s)
         if gap == 0 and call.after and settings.tool_gap_s > 0:
             gap = rng.expovariate(1 / settings.tool_gap_s)
         prompt = max(8, round(call.prompt_tokens * settings.token_scale))
@@ -346,13 +367,16 @@ def scaled_levels(settings: BenchSettings) -> str:
 
 
 def engine_config(scheduler: str, settings: BenchSettings, engines_on_host: int) -> EngineConfig:
+    kv = settings.kv_blocks
     return EngineConfig(
         model=settings.model,
         port=0,
         scheduler=scheduler,
+        policy=settings.policy if scheduler == "autellix" else None,
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
         extra_env={"AUTELLIX_LEVELS": scaled_levels(settings)},
+        extra_args=[] if kv is None else ["--num-gpu-blocks-override", str(kv)],
         engines_on_host=engines_on_host,
     )
 
@@ -415,6 +439,9 @@ def settings_summary(
         "workload": str(settings.trace) if settings.trace else settings.workload,
         "seed": settings.seed,
         "max_num_seqs": settings.max_num_seqs,
+        "max_model_len": settings.max_model_len,
+        "kv_blocks": settings.kv_blocks,
+        "policy": settings.policy,
         "token_scale": settings.token_scale,
         "levels": scaled_levels(settings),
         "schedulers": list(settings.schedulers),

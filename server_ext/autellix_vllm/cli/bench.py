@@ -20,6 +20,7 @@ from typing import Any
 from autellix_vllm.cli import UsageError, print_result
 from autellix_vllm.engine.launcher import SCHEDULERS
 from autellix_vllm.engine.models import MODELS
+from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES
 from autellix_vllm.workloads import WORKLOAD_SPECS
 
 FIDELITY_QUICK_PROGRAMS = 8
@@ -104,6 +105,19 @@ def _add_workload_arguments(
         help="program arrivals per second (default: from the probe; a trace's own)",
     )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, help="the engines' batch size (default 4)")
+    parser.add_argument(
+        "--max-model-len", type=int,
+        help="the engines' context length; the agent workload's sessions end there (default 1024)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kv-blocks", type=int,
+        help="cap each engine's KV cache at this many blocks (vLLM's"
+        " --num-gpu-blocks-override): a KV-bound engine (default: no cap)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--policy", choices=ENGINE_POLICY_NAMES,
+        help="the policy of the autellix scheduler (default: the engine's, autellix)",
+    )  # fmt: skip
 
 
 def _bench_settings(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -113,7 +127,9 @@ def _bench_settings(args: argparse.Namespace, **overrides: Any) -> Any:
     overrides.update(seed=args.seed, workload=args.workload, model=args.model)
     if args.trace is not None:
         overrides.update(trace=args.trace, programs=None, token_scale=1.0)
-    for option in ("programs", "rate", "max_num_seqs", "token_scale"):
+    if args.policy is not None:
+        overrides["policy"] = args.policy
+    for option in ("programs", "rate", "max_num_seqs", "token_scale", "max_model_len", "kv_blocks"):
         value = getattr(args, option)
         if value is not None:
             if value <= 0:

@@ -104,6 +104,11 @@ class WorkloadSpec:
             rng.shuffle(block)
             yield from reversed(block)
 
+    @property
+    def context_limited(self) -> bool:
+        """Whether its contexts grow to a model's maximum (``max_context`` applies)."""
+        return any(part.max_context is not None for part in (*self.mix, self))
+
     def calls(
         self, rng: random.Random, program_id: str, max_context: int | None = None
     ) -> tuple[CallSpec, ...]:
@@ -165,7 +170,7 @@ def generate(
     if programs < 1:
         raise ValueError(f"need at least one program, got {programs}")
     if max_context is not None:
-        if all(part.max_context is None for part in (*spec.mix, spec)):
+        if not spec.context_limited:
             raise ValueError(f"workload {workload} has no context limit to set")
         if max_context < 2:
             raise ValueError(f"max_context must be at least 2 tokens, got {max_context}")
