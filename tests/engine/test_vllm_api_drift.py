@@ -132,6 +132,27 @@ def test_scheduler_state_our_mixin_reads(harness):
     assert adapter.token_budget(scheduler) == 2048
 
 
+def test_block_pool_calls_residency_relies_on(harness):
+    """A finished request's cached blocks can be referenced and released again."""
+    from autellix_vllm.engine import testing
+
+    scheduler = harness.scheduler(cls=Scheduler, num_blocks=20)
+    request = testing.new_request("r", [5] * 40, 1, None, arrival_time=0.0, block_size=16)
+    scheduler.add_request(request)
+    output = scheduler.schedule()
+    assert adapter.kv_blocks_to_grow(scheduler, request) == 0  # its 3 blocks are allocated
+    blocks = adapter.cached_blocks(scheduler, request)
+    assert len(blocks) == 2 and all(b.ref_cnt == 1 for b in blocks)  # 2 full of 40 tokens
+    adapter.reference_blocks(scheduler, blocks)
+    testing.finish_step(scheduler, output)  # max_tokens 1: finished and freed
+    assert "r" not in scheduler.requests
+    assert [b.ref_cnt for b in blocks] == [1, 1]
+    assert adapter.free_kv_blocks(scheduler) == 19 - 2
+    adapter.release_blocks(scheduler, blocks)
+    assert adapter.free_kv_blocks(scheduler) == 19
+    assert all(b.block_hash is not None for b in blocks)  # still cached, evictable
+
+
 def test_engine_core_runs_utility_methods_by_name():
     from vllm.v1.engine.core import EngineCore, EngineCoreProc
     from vllm.v1.engine.core_client import AsyncMPClient

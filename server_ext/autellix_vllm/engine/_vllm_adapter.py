@@ -15,6 +15,10 @@ shape. What is relied on, and why:
   ``Request.session_id`` carries ``X-Session-ID`` / the body's ``session_id``.
 * ``EngineCore`` runs a utility method by name for ``call_utility_async``; the
   general plugin adds ours to the class.
+* ``KVCacheManager.get_blocks`` and ``BlockPool.touch`` / ``free_blocks`` hold a
+  finished request's cached blocks for its program's next call (KV residency):
+  a block with a reference is never evicted, and ``free_blocks`` returns it to
+  the prefix cache's LRU as vLLM's own free does.
 """
 
 from __future__ import annotations
@@ -126,6 +130,34 @@ def kv_blocks_needed(scheduler: Scheduler, request: Request) -> int:
     """Blocks a waiting request needs to (re)compute its whole sequence, ignoring
     prefix-cache hits (an upper bound)."""
     return -(-(request.num_tokens + 1) // scheduler.block_size)
+
+
+def kv_blocks_to_grow(scheduler: Scheduler, request: Request) -> int:
+    """New blocks a running request needs for the tokens it computes next."""
+    groups = scheduler.kv_cache_manager.get_blocks(request.request_id).blocks
+    held = len(groups[0]) if groups else 0
+    total = request.num_computed_tokens + tokens_to_compute(request)
+    return max(0, -(-total // scheduler.block_size) - held)
+
+
+def cached_blocks(scheduler: Scheduler, request: Request) -> list[Any]:
+    """The request's full, prefix-cached blocks, first to last ([] for a model with
+    more than one KV cache group, whose blocks live in several pools)."""
+    groups = scheduler.kv_cache_manager.get_blocks(request.request_id).blocks
+    if len(groups) != 1:
+        return []
+    return [b for b in groups[0] if b.block_hash is not None and not b.is_null]
+
+
+def reference_blocks(scheduler: Scheduler, blocks: list[Any]) -> None:
+    """Take a reference on ``blocks``: they stay cached until :func:`release_blocks`."""
+    scheduler.kv_cache_manager.block_pool.touch(blocks)
+
+
+def release_blocks(scheduler: Scheduler, blocks: list[Any]) -> None:
+    """Drop the reference :func:`reference_blocks` took; unused blocks return to the
+    prefix cache's eviction order, the last block first, as vLLM frees a request."""
+    scheduler.kv_cache_manager.block_pool.free_blocks(reversed(blocks))
 
 
 def preempt_running(scheduler: Scheduler, request: Request, now: float) -> bool:

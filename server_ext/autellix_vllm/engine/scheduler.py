@@ -20,7 +20,10 @@ of victims. This module only connects the core to vLLM's scheduler:
   preempts for a waiting request;
 * after each step is scheduled, every scheduled call is charged its service;
   after it ran, the core's clock advances (anti-starvation, idle eviction);
-* ``_free_request`` (every finish: stop, length, abort) completes the call.
+* ``_free_request`` (every finish: stop, length, abort) completes the call;
+* under a KV-aware policy (``autellix-kv``), :mod:`autellix_vllm.engine.residency`
+  holds a finished program's blocks for its next call, and the waiting queue
+  shows vLLM only the calls its working-set rule admits.
 
 A failure in any of these hooks stays with its call: it is counted in the
 core's ``faults`` (``hook_failures`` in the table, on ``/metrics``), the first
@@ -41,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from autellix_vllm.engine import _vllm_adapter as adapter
@@ -52,8 +55,10 @@ from autellix_vllm.engine._vllm_adapter import (
     Scheduler,
     SchedulerOutput,
 )
+from autellix_vllm.engine.residency import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
 from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler
+from autellix_vllm.policy.residency import SKIPPED_WAITERS
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +89,28 @@ class ProgramRequestQueue(RequestQueue):
     all three go through :meth:`_wait`.
     """
 
-    def __init__(self, core: ProgramScheduler, calls: dict[str, Call]) -> None:
+    def __init__(
+        self,
+        core: ProgramScheduler,
+        calls: dict[str, Call],
+        admissible: Callable[[Call], bool] | None = None,
+    ) -> None:
         self.core = core
         self.calls = calls  # request id -> call, owned by the scheduler
+        # The working-set rule of a KV-aware policy: vLLM sees only the calls it
+        # admits, best first; the others keep waiting in the core's queue.
+        self.admissible = admissible
+        # What peek_request last showed: vLLM pops that request after allocating its
+        # blocks, when the rule may no longer admit it.
+        self._peeked: Call | None = None
+
+    def head(self) -> Call | None:
+        """The best waiting call vLLM may admit now."""
+        if self.admissible is None:
+            return self.core.peek()
+        return next(
+            (c for c in self.core.waiting.best(SKIPPED_WAITERS + 1) if self.admissible(c)), None
+        )
 
     def add_request(self, request: Request) -> None:
         self._wait(request)
@@ -100,10 +124,17 @@ class ProgramRequestQueue(RequestQueue):
 
     def pop_request(self) -> Request:
         # The call keeps waiting (its wait clock runs) until the step charges it.
-        return self.core.pop().payload
+        if self.admissible is None:
+            return self.core.pop().payload
+        call = self._peeked if self._peeked is not None and self._peeked.queued else self.head()
+        self._peeked = None
+        if call is None:
+            raise IndexError("pop from an empty queue")
+        self.core.remove(call)
+        return call.payload
 
     def peek_request(self) -> Request:
-        call = self.core.peek()
+        call = self._peeked = self.head()
         if call is None:
             raise IndexError("peek from an empty queue")
         return call.payload
@@ -120,7 +151,9 @@ class ProgramRequestQueue(RequestQueue):
             self.remove_request(request)
 
     def __bool__(self) -> bool:
-        return bool(self.core.waiting)
+        if self.admissible is None:
+            return bool(self.core.waiting)
+        return self.head() is not None
 
     def __len__(self) -> int:
         return len(self.core.waiting)
@@ -153,7 +186,11 @@ class AutellixSchedulerMixin:
         self.core = settings.core(seats=adapter.batch_seats(self))
         self.trust_prior_service = settings.trust_prior_service
         self.calls: dict[str, Call] = {}  # request id -> call, while the request lives
-        self.waiting = ProgramRequestQueue(self.core, self.calls)
+        self.residency = (
+            EngineResidency(self, self.core) if self.core.policy.kv_aware else None  # type: ignore[arg-type]
+        )
+        admissible = self.residency.admissible if self.residency is not None else None
+        self.waiting = ProgramRequestQueue(self.core, self.calls, admissible)
         self.calls_without_identity = 0
         # Time-unit service: when each step was scheduled (to split its duration).
         self._step_started: dict[int, tuple[float, dict[str, int]]] = {}
@@ -176,6 +213,9 @@ class AutellixSchedulerMixin:
                 self.calls[request.request_id] = self.core.add_call(
                     request.request_id, None, time.time(), payload=request, alone_id=_alone(request)
                 )
+            if self.residency is not None:
+                call = self.calls[request.request_id]
+                self._residency_hook("arrived", self.residency.arrived, call)
         super().add_request(request)  # type: ignore[misc]
 
     def _register(self, request: Request) -> None:
@@ -204,8 +244,11 @@ class AutellixSchedulerMixin:
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         call = self.calls.pop(request.request_id, None)
         if call is not None:
+            aborted = adapter.was_aborted(request)
+            if self.residency is not None:  # before vLLM frees the blocks it may hold
+                self._residency_hook("finishing", self.residency.finishing, request, call, aborted)
             try:
-                self.core.finish(call, time.time(), aborted=adapter.was_aborted(request))
+                self.core.finish(call, time.time(), aborted=aborted)
             except Exception as error:
                 self.core.faults.record("finish", error, "the call's program is not charged")
         return super()._free_request(request, delay_free_blocks)  # type: ignore[misc]
@@ -216,6 +259,9 @@ class AutellixSchedulerMixin:
         # vLLM walks `running` in order for the token budget, and its own KV-pressure
         # victim is the worst (priority, arrival): keep both in the core's order.
         # (Nearly sorted from the last step, so this is close to linear.)
+        if self.residency is not None:
+            hook = self.residency.before_step
+            self._residency_hook("before_step", hook, self.running, self.calls)
         try:
             self.running.sort(key=self._rank)
             self._preempt_for_waiters(time.time())
@@ -230,7 +276,7 @@ class AutellixSchedulerMixin:
 
     def _preempt_for_waiters(self, now: float) -> None:
         """Make room for better-level waiting calls when the batch is full."""
-        head = self.core.peek()
+        head = self.waiting.head()
         if head is None or not self.running:
             return
         # The common case, and O(1): the best waiter does not outrank the worst
@@ -239,12 +285,12 @@ class AutellixSchedulerMixin:
             return
         running = [self.calls[r.request_id] for r in self.running]
         free_seats = adapter.batch_seats(self) - len(running)  # type: ignore[arg-type]
-        for victim in self.core.victims(running, free_seats):
+        for victim in self.core.victims(running, free_seats, self.waiting.admissible):
             if self._preempt(victim, now):
                 running.remove(victim)
         # Seats may be free while KV blocks or the token budget are not: the best
         # waiter then displaces the worst running call, still only across levels.
-        while running and (head := self.core.peek()) is not None:
+        while running and (head := self.waiting.head()) is not None:
             if not self._head_blocked(head.payload):
                 break
             victim = self.core.worst(running)
@@ -280,6 +326,8 @@ class AutellixSchedulerMixin:
     def _start_and_charge(self, call: Call, num_tokens: int, by_time: bool) -> None:
         if call.state is not CallState.RUNNING:
             self.core.start(call)
+            if self.residency is not None:
+                self.residency.started(call)
         if not by_time:
             decode, prefill = adapter.split_scheduled_tokens(call.payload, num_tokens)
             self.core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
@@ -316,6 +364,8 @@ class AutellixSchedulerMixin:
         now = time.time()
         self.core.table.evict_idle(now)  # an idle engine runs no steps to do it
         snapshot = self.core.snapshot(now)
+        if self.residency is not None:
+            snapshot["residency"] = self.residency.snapshot()
         snapshot.update(
             enabled=True,
             scheduler=type(self).__name__,
@@ -326,7 +376,16 @@ class AutellixSchedulerMixin:
         return snapshot
 
     def autellix_end_program(self, program_id: str) -> bool:
+        if self.residency is not None:
+            self._residency_hook("end_program", self.residency.end_program, program_id)
         return self.core.end_program(program_id)
+
+    def _residency_hook(self, name: str, hook: Callable[..., None], *args: Any) -> None:
+        """Run a residency hook; a failure only costs the call its hold (counted)."""
+        try:
+            hook(*args)
+        except Exception as error:
+            self.core.faults.record(f"residency {name}", error, "no hold for this call")
 
 
 def _alone(request: Request) -> str:

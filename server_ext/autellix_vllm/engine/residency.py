@@ -1,0 +1,140 @@
+"""KV residency on a vLLM engine: the policy core's rules applied to vLLM's block pool.
+
+:mod:`autellix_vllm.policy.residency` decides; this module only connects it to
+vLLM (through the adapter), for a KV-aware policy (``autellix-kv``):
+
+* **holds**: when a program's call finishes and none of its calls runs, the
+  finished request's prefix-cached blocks get a reference (the hold), so vLLM
+  cannot evict them; the hold's reference is dropped when the program's next
+  call starts running (vLLM has taken its own reference on the blocks it hit),
+  when the hold expires, when the client ends the program, or when a better
+  ranked call needs the blocks;
+* **working set**: the waiting queue shows vLLM only the calls the rule
+  admits (:meth:`EngineResidency.admissible`): a call of a program with no hold
+  and no running call must fit its whole sequence in the free blocks beside the
+  headroom; others wait and calls behind them go first;
+* **KV pressure**: before each step, holds of the worst-ranked programs are
+  released while the running calls' next tokens need more blocks than are free,
+  so vLLM preempts a running call only when no hold is left to give up.
+
+A program is one context here (vLLM's prefix cache finds every shared prefix by
+content, so a program's threads need no context of their own).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from autellix_vllm.engine import _vllm_adapter as adapter
+from autellix_vllm.engine._vllm_adapter import Request, Scheduler
+from autellix_vllm.policy import Call, ProgramScheduler
+from autellix_vllm.policy.residency import Residency
+
+
+class EngineResidency:
+    """The holds of one vLLM scheduler and its working-set rule."""
+
+    def __init__(self, scheduler: Scheduler, core: ProgramScheduler) -> None:
+        self.scheduler = scheduler
+        self.core = core
+        self.rules = Residency(
+            core.config.residency, adapter.total_kv_blocks(scheduler), core.program_level
+        )
+        self._blocks: dict[str, list[object]] = {}  # held program -> its referenced blocks
+        self._running: set[str] = set()  # programs with a running call, as of this step
+
+    # ---- holds --------------------------------------------------------------------
+
+    def arrived(self, call: Call) -> None:
+        """A call arrived: a hold of its program lasts until the call runs."""
+        self.rules.waiting(call.program.program_id)
+
+    def started(self, call: Call) -> None:
+        """The call runs: vLLM references the blocks it hit, so the hold can go."""
+        program_id = call.program.program_id
+        self._running.add(program_id)
+        if self.rules.take(program_id):
+            self._unreference(program_id)
+
+    def finishing(self, request: Request, call: Call, aborted: bool) -> None:
+        """Before vLLM frees a finished request: hold its cached blocks if its program
+        has no other call in flight (the program's last call, a completion)."""
+        program = call.program
+        program_id = program.program_id
+        if aborted or program.ended or len(program.active_calls) > 1:
+            return
+        blocks = adapter.cached_blocks(self.scheduler, request)
+        if program_id in self._blocks:  # an earlier call's hold: the new one replaces it
+            self.rules.release(program_id)
+            self._unreference(program_id)
+        for ended in self.rules.hold(program_id, program, len(blocks), time.time()):
+            self._unreference(ended)
+        if program_id in self.rules:
+            adapter.reference_blocks(self.scheduler, blocks)
+            self._blocks[program_id] = blocks
+
+    def end_program(self, program_id: str) -> None:
+        """The client ended the program: its hold goes at once."""
+        for ended in self.rules.release_program(program_id):
+            self._unreference(ended)
+
+    def _unreference(self, program_id: str) -> None:
+        blocks = self._blocks.pop(program_id, None)
+        if blocks:
+            adapter.release_blocks(self.scheduler, blocks)
+
+    # ---- each step -----------------------------------------------------------------
+
+    def before_step(self, running: Iterable[Request], calls: dict[str, Call]) -> None:
+        """Expire holds; release the worst-ranked ones while the running calls' next
+        tokens need more blocks than are free; remember which programs run."""
+        for ended in self.rules.expired(time.time()):
+            self._unreference(ended)
+        running = list(running)
+        self._running = {calls[r.request_id].program.program_id for r in running}
+        scheduler = self.scheduler
+        demand = sum(adapter.kv_blocks_to_grow(scheduler, r) for r in running)
+        worst_running = max((calls[r.request_id].level for r in running), default=-1)
+        if demand > adapter.free_kv_blocks(scheduler):
+            self._break(worst_running, demand)
+
+    def admissible(self, call: Call) -> bool:
+        """The working-set rule for a waiting call. An idle engine (nothing running)
+        first gives up holds for the best waiter; a starving call for itself."""
+        program_id = call.program.program_id
+        if program_id in self._running or program_id in self.rules:
+            return True
+        need = adapter.kv_blocks_needed(self.scheduler, call.payload)
+        if self._fits(need):
+            return True
+        if not self._running or call.promotions:
+            self._break(-1 if not self._running else call.level, need)
+            return self._fits(need)
+        return False
+
+    def _fits(self, need: int) -> bool:
+        return self.rules.fits(need, adapter.free_kv_blocks(self.scheduler))
+
+    def _break(self, level: int, need: int) -> None:
+        """Release holds of programs worse than ``level`` (-1: any), worst first,
+        until ``need`` blocks are free beside the headroom."""
+        for program_id in self.rules.breakable(level):
+            if self._fits(need):
+                return
+            self.rules.release(program_id)
+            self.rules.broken += 1
+            self._unreference(program_id)
+
+    def snapshot(self) -> dict[str, int]:
+        """Counters for the engine's table."""
+        rules = self.rules
+        return {
+            "held_programs": len(rules.holds),
+            "held_blocks": rules.held_blocks,
+            "holds_granted": rules.granted,
+            "holds_refused": rules.refused,
+            "holds_taken": rules.taken,
+            "holds_expired": rules.expired_count,
+            "holds_broken": rules.broken,
+        }

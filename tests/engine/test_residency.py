@@ -1,0 +1,110 @@
+"""KV residency (autellix-kv) inside vLLM's real Scheduler, without a model.
+
+vLLM's own block pool and prefix cache run here: a hold is a real reference on
+real cached blocks, and a hit is vLLM's own prefix-cache lookup.
+"""
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from autellix_vllm.engine import _vllm_adapter as adapter  # noqa: E402
+from autellix_vllm.engine import testing  # noqa: E402
+
+BLOCK_SIZE = 16  # as the harness (tests/engine/conftest.py)
+
+KV_AWARE = {"AUTELLIX_POLICY": "autellix-kv"}
+
+
+def request(request_id, program, prompt, max_tokens):
+    return testing.new_request(
+        request_id, prompt, max_tokens, {"autellix_program_id": program},
+        arrival_time=0.0, block_size=BLOCK_SIZE,
+    )  # fmt: skip
+
+
+def step_until_finished(harness, scheduler, request_id, limit=200):
+    for _ in range(limit):
+        if request_id not in scheduler.requests:
+            return
+        harness.step(scheduler)
+    raise AssertionError(f"{request_id} did not finish")
+
+
+def new_requests(output):
+    return {r.req_id: r for r in output.scheduled_new_reqs}
+
+
+def scenario(harness, policy_env):
+    """L decodes for a while; A's first call (6 full blocks) finishes; B, which needs
+    23 of the 29 usable blocks, arrives; then A's second call, extending A's prompt.
+    Returns (scheduler, whether B was admitted at once, A2's prefix hit in tokens)."""
+    scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **policy_env)
+    a_prompt = [21] * 96
+    scheduler.add_request(request("L", "L", [31] * 32, max_tokens=60))
+    scheduler.add_request(request("A1", "A", a_prompt, max_tokens=1))
+    step_until_finished(harness, scheduler, "A1")
+    scheduler.add_request(request("B1", "B", [41] * 352, max_tokens=2))
+    b_admitted = "B1" in new_requests(harness.step(scheduler))
+    scheduler.add_request(request("A2", "A", a_prompt + [11] + [22] * 15, max_tokens=2))
+    hit = None
+    while hit is None:
+        admitted = new_requests(harness.step(scheduler))
+        if "A2" in admitted:
+            hit = admitted["A2"].num_computed_tokens
+    harness.run_until_idle(scheduler)
+    return scheduler, b_admitted, hit
+
+
+def test_a_held_context_is_not_evicted_and_its_next_call_hits_it(harness):
+    scheduler, b_admitted, hit = scenario(harness, KV_AWARE)
+    assert not b_admitted  # outside the working set while L runs and A is held
+    assert hit == 96  # A's six full blocks, kept by the hold
+    residency = scheduler.autellix_snapshot()["residency"]
+    assert residency["holds_granted"] >= 2 and residency["holds_taken"] >= 1
+    # Every block is either free or held by an idle program: none leaked.
+    free = adapter.free_kv_blocks(scheduler)
+    assert free + residency["held_blocks"] == adapter.total_kv_blocks(scheduler) - 1
+
+
+def test_without_residency_the_big_call_evicts_the_idle_context(harness):
+    scheduler, b_admitted, hit = scenario(harness, {})
+    assert b_admitted
+    assert hit < 96
+    assert "residency" not in scheduler.autellix_snapshot()
+
+
+def test_ending_a_program_or_its_hold_expiring_frees_its_blocks(harness):
+    scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **KV_AWARE)
+    usable = adapter.total_kv_blocks(scheduler) - 1
+    scheduler.add_request(request("A1", "A", [21] * 96, max_tokens=1))
+    step_until_finished(harness, scheduler, "A1")
+    assert adapter.free_kv_blocks(scheduler) == usable - 6
+    assert scheduler.autellix_end_program("A")
+    assert adapter.free_kv_blocks(scheduler) == usable
+    # A hold of no time at all expires before the next step.
+    rules = scheduler.residency.rules
+    rules.config = dataclasses.replace(rules.config, min_ttl_s=0.0, max_ttl_s=0.0)
+    scheduler.add_request(request("C1", "C", [23] * 64, max_tokens=1))
+    step_until_finished(harness, scheduler, "C1")
+    assert scheduler.autellix_snapshot()["residency"]["held_programs"] == 1
+    harness.step(scheduler)
+    assert scheduler.autellix_snapshot()["residency"]["holds_expired"] == 1
+    assert adapter.free_kv_blocks(scheduler) == usable
+
+
+def test_a_failing_residency_hook_costs_only_the_hold(harness, monkeypatch):
+    scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **KV_AWARE)
+
+    def broken(*args):
+        raise RuntimeError("block pool moved")
+
+    monkeypatch.setattr(adapter, "cached_blocks", broken)
+    scheduler.add_request(request("A1", "A", [21] * 96, max_tokens=3))
+    step_until_finished(harness, scheduler, "A1")
+    snapshot = scheduler.autellix_snapshot()
+    assert snapshot["calls_finished"] == 1
+    assert snapshot["residency"]["held_programs"] == 0
+    assert snapshot["hook_failures"]["residency finishing"] == 1
