@@ -37,7 +37,8 @@ Paths: the OpenAI generation endpoints (:data:`GENERATION_PATHS`), the
 router's program and engine API (:data:`PROGRAMS_PATH`, :data:`ENGINES_PATH`)
 and each engine's own (:data:`ENGINE_TABLE_PATH`, :data:`ENGINE_PROGRAM_PATH`).
 
-Errors: OpenAI's shape, :func:`error_body`, from the router and the engines alike.
+Errors: OpenAI's shape, :func:`error_body`, from the router and the engines alike;
+:func:`normalized_error` puts any other error answer (vLLM's own) in that shape.
 
 Keys: :func:`holds_key` reads an ``Authorization: Bearer <key>`` header the way
 vLLM's own ``--api-key`` check does, in constant time.
@@ -46,6 +47,7 @@ vLLM's own ``--api-key`` check does, in constant time.
 from __future__ import annotations
 
 import hmac
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -104,7 +106,10 @@ PROGRAM_PATH = PROGRAMS_PATH + "/{program_id}"
 ENGINES_PATH = "/autellix/v1/engines"
 """Router: the engines, their health and load."""
 ENGINE_TABLE_PATH = "/autellix/v1/engine/table"
-"""Engine: its process table."""
+"""Engine: its process table (``GET``; ``?summary=1``: without the programs' rows),
+or the rows of some programs (``POST {"program_ids": [...]}``)."""
+ENGINE_TABLE_MAX_IDS = 1000
+"""Program ids one ``POST`` of :data:`ENGINE_TABLE_PATH` may name."""
 ENGINE_PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
 """Engine: ``DELETE`` ends a program there."""
 
@@ -312,6 +317,32 @@ def error_type(status: int) -> str:
     return "invalid_request_error"
 
 
+# HTTP status -> the error code of an answer that names none (vLLM's `"code": 400`,
+# its `{"error": "Unauthorized"}`, FastAPI's `{"detail": ...}`, aiohttp's errors).
+STATUS_ERROR_CODES = {
+    400: "invalid_request",
+    401: INVALID_KEY_CODE,
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    409: "conflict",
+    413: "body_too_large",
+    422: "invalid_request",
+    429: "rate_limited",
+    500: "internal_error",
+    501: "not_implemented",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "gateway_timeout",
+}
+
+
+def status_error_code(status: int) -> str:
+    """The error code for an HTTP ``status`` when nothing more specific is known."""
+    return STATUS_ERROR_CODES.get(status, "server_error" if status >= 500 else "http_error")
+
+
 def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
     """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``.
 
@@ -319,3 +350,38 @@ def error_body(status: int, message: str, code: str, param: str | None = None) -
     ``model_not_found``; ``param`` names the offending parameter, if any.
     """
     return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+
+
+def normalized_error(status: int, body: bytes) -> dict[str, Any]:
+    """An error answer's ``body`` (any bytes) as :func:`error_body` of ``status``.
+
+    The message is kept: the error's ``message`` (OpenAI's and vLLM's shape), a
+    bare ``{"error": "text"}`` (vLLM's 401), FastAPI's ``detail``, else the body
+    as text. A string ``code`` and ``param`` are kept; any other code (vLLM's
+    integer ``400``) becomes :func:`status_error_code`. Our own bodies come
+    back unchanged.
+    """
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
+        payload = None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    fields = error if isinstance(error, dict) else {}
+    if isinstance(error, dict):
+        message: object = error.get("message")
+    elif error is not None:
+        message = error
+    elif isinstance(payload, dict) and "detail" in payload:
+        message = payload["detail"]
+    else:
+        message = body.decode("utf-8", "replace").strip()
+    if not isinstance(message, str):
+        message = json.dumps(message) if message is not None else ""
+    code = fields.get("code")
+    param = fields.get("param")
+    return error_body(
+        status,
+        message or f"the server answered {status}",
+        code if isinstance(code, str) and code else status_error_code(status),
+        param if isinstance(param, str) else None,
+    )

@@ -87,3 +87,50 @@ async def test_the_key_holder_states_prior_service_within_the_limit(keyed_engine
     entry = find(await table(keyed_engine), program)
     assert entry["attained_service"] < DEFAULT_LIMITS.max_prior_service + 100
     assert entry["attained_service"] >= DEFAULT_LIMITS.max_prior_service
+
+
+# ---- one error shape: vLLM's own error answers are rewritten into ours ---------------
+
+
+def assert_error_shape(status, body, expected_status, code):
+    assert status == expected_status, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code, body
+    assert body["error"]["message"], body
+
+
+async def test_vllms_own_401_has_our_error_shape(keyed_engine):
+    # vLLM's --api-key check answers {"error": "Unauthorized"} on its own routes.
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions")):
+        for headers in (None, {"Authorization": "Bearer not-the-key"}):
+            status, body = await request(keyed_engine, method, path, headers, json={})
+            assert_error_shape(status, body, 401, "invalid_api_key")
+            assert body["error"]["type"] == "authentication_error"
+            assert body["error"]["message"] == "Unauthorized"  # vLLM's text, kept
+
+
+async def test_vllms_validation_errors_have_a_string_code_and_keep_their_message(keyed_engine):
+    # vLLM answers these with {"error": {..., "code": 400}}: an integer code.
+    for bad in ({"max_tokens": -1}, {"temperature": -1.0}):
+        status, body = await chat(keyed_engine, AUTHORIZED, **bad)
+        assert_error_shape(status, body, 400, "invalid_request")
+        assert body["error"]["type"] == "invalid_request_error"
+        assert next(iter(bad)) in body["error"]["message"], body  # vLLM's message, kept
+    status, body = await request(keyed_engine, "GET", "/v1/no-such-route", AUTHORIZED)
+    assert_error_shape(status, body, 404, "not_found")
+    # A stream passes through unchanged, event by event.
+    url = keyed_engine.base_url + "/v1/chat/completions"
+    payload = {
+        "model": keyed_engine.served_model_name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "stream": True,
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, headers=AUTHORIZED, json=payload) as response,
+    ):
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = (await response.read()).decode()
+    assert text.rstrip().endswith("data: [DONE]")

@@ -240,3 +240,112 @@ async def test_a_body_nested_too_deeply_is_one_400_and_one_log_line(app, inner, 
     assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_json")
     assert [record.exc_info for record in caplog.records] == [None]  # one line, no traceback
     assert inner.calls == []
+
+
+# ---- error answers: one shape, streams untouched ------------------------------------
+
+
+class Answering:
+    """An app that answers with the given ASGI messages, noting when each was sent."""
+
+    def __init__(self, status, headers, bodies, raises=None):
+        self.status, self.headers, self.bodies, self.raises = status, headers, bodies, raises
+
+    async def __call__(self, scope, receive, send):
+        if self.raises is not None:
+            raise self.raises
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        for i, body in enumerate(self.bodies):
+            await send(
+                {"type": "http.response.body", "body": body, "more_body": i < len(self.bodies) - 1}
+            )
+
+
+async def answered(inner, method="GET"):
+    """(the messages the middleware sent, and how many it had sent when each of
+    the inner app's body messages went out)."""
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "method": method, "path": "/v1/models", "headers": []}
+    await IdentityMiddleware(inner)(scope, receive, send)
+    return sent
+
+
+def answer_of(sent):
+    headers = dict(sent[0]["headers"])
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    assert headers[b"content-length"] == str(len(body)).encode()
+    return sent[0]["status"], headers, json.loads(body)
+
+
+JSON = [(b"content-type", b"application/json")]
+
+
+async def test_vllms_error_bodies_are_rewritten_into_our_shape(monkeypatch):
+    monkeypatch.delenv("AUTELLIX_ENGINE_KEY", raising=False)
+    unauthorized = Answering(
+        401, JSON + [(b"www-authenticate", b"Bearer")], [b'{"error":"Unau', b'thorized"}']
+    )
+    status, headers, body = answer_of(await answered(unauthorized))
+    assert status == 401 and headers[b"www-authenticate"] == b"Bearer"  # other headers kept
+    assert body["error"] == {
+        "message": "Unauthorized",
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+    message = "max_tokens must be at least 1"
+    vllm_400 = {
+        "error": {"message": message, "type": "BadRequestError", "param": "max_tokens", "code": 400}
+    }
+    status, _, body = answer_of(
+        await answered(Answering(400, JSON, [json.dumps(vllm_400).encode()]))
+    )
+    assert status == 400
+    assert body["error"] == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": "max_tokens",
+        "code": "invalid_request",
+    }
+    plain = Answering(500, [(b"content-type", b"text/plain")], [b"Internal Server Error"])
+    status, headers, body = answer_of(await answered(plain))
+    assert (status, headers[b"content-type"]) == (500, b"application/json")
+    assert body["error"]["code"] == "internal_error"
+    assert body["error"]["message"] == "Internal Server Error"
+
+
+async def test_streams_and_successes_pass_through_message_by_message(monkeypatch):
+    monkeypatch.delenv("AUTELLIX_ENGINE_KEY", raising=False)
+    events = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+    stream = Answering(200, [(b"content-type", b"text/event-stream")], events)
+    sent = await answered(stream)
+    assert [m.get("body") for m in sent[1:]] == events  # not buffered, not changed
+    # An error answered as a stream (not vLLM's way) is not buffered either.
+    sent = await answered(Answering(400, [(b"content-type", b"text/event-stream")], events))
+    assert [m.get("body") for m in sent[1:]] == events
+    # HEAD answers have no body to rewrite.
+    sent = await answered(Answering(404, JSON, [b""]), method="HEAD")
+    assert sent[1]["body"] == b""
+
+
+async def test_an_exception_before_any_answer_is_a_500_in_our_shape(monkeypatch):
+    monkeypatch.delenv("AUTELLIX_ENGINE_KEY", raising=False)
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": []}
+    with pytest.raises(RuntimeError):  # raised on, so that the server logs it
+        await IdentityMiddleware(Answering(200, [], [], raises=RuntimeError("boom")))(
+            scope, None, send
+        )
+    status, _, body = answer_of(sent)
+    assert status == 500 and body["error"]["code"] == "internal_error"

@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 
 import aiohttp
+from aiohttp import web
 
 PROGRAMS = "/autellix/v1/programs"
+
+
+@contextlib.asynccontextmanager
+async def fake_engine_app(app: web.Application, model: str) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1 and a free port, with what the router probes
+    (``/health``, ``/v1/models`` listing ``model``, ending a program); yields its URL."""
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app.router.add_get("/health", ok)
+    app.router.add_get("/v1/models", models)
+    app.router.add_delete("/autellix/v1/engine/programs/{program_id}", ok)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 def unique(prefix: str) -> str:

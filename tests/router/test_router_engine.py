@@ -50,6 +50,8 @@ async def test_session_api_opens_lists_and_ends_programs(engine, start_router):
 
         on_engine = await engine_table(engine)
         assert program_row(on_engine, program_id) is not None
+        # Asked of the engine for the listed programs (an idle program's wait stays put).
+        assert row["waiting_time"] == program_row(on_engine, program_id)["waiting_time"]
         status, ended = await request("DELETE", f"{url}{PROGRAMS}/{program_id}")
         assert status == 200 and ended == {"program_id": program_id, "ended": True}
         on_engine = await engine_table(engine)

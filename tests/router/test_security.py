@@ -35,6 +35,7 @@ from router_http import (
     completion,
     engine_request,
     engine_table,
+    fake_engine_app,
     program_row,
     request,
     unique,
@@ -117,26 +118,10 @@ async def fake_engine(answer: Answer = answer_with_usage) -> AsyncIterator[FakeE
         number, engine.calls = engine.calls, engine.calls + 1
         return await engine.answer(request, number)
 
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-
-    async def ok(request: web.Request) -> web.Response:
-        return web.json_response({})
-
     app = web.Application(middlewares=[record])
-    app.router.add_get("/health", ok)
-    app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", generate)
-    app.router.add_delete("/autellix/v1/engine/programs/{program_id}", ok)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        engine.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with fake_engine_app(app, MODEL) as engine.url:
         yield engine
-    finally:
-        await runner.cleanup()
 
 
 # ---- malformed HTTP and JSON: a JSON 4xx, one log line, no traceback ----------------
@@ -662,3 +647,46 @@ async def test_a_reset_engine_connection_is_retried_on_the_same_engine(start_rou
         status, body = await request("POST", router.url + "/v1/completions", json=completion(MODEL))
         assert_openai_error(status, body, 502, "engine_unreachable")
         assert len(engine.posts()) == 2
+
+
+# ---- one error shape: what the engines answer is relayed in the router's shape -------
+
+
+@pytest.mark.engine
+async def test_the_engines_validation_errors_reach_the_client_in_our_shape(engine, start_router):
+    model = engine.served_model_name
+    async with start_router([engine]) as router:
+        for stream in (False, True):
+            for bad in ({"max_tokens": -1}, {"temperature": -1.0}):
+                body = {**completion(model), **bad, "stream": stream}
+                status, answer = await request("POST", router.url + "/v1/completions", json=body)
+                assert_openai_error(status, answer, 400, "invalid_request")
+                assert answer["error"]["type"] == "invalid_request_error"
+                assert next(iter(bad)) in answer["error"]["message"], answer  # the engine's text
+
+
+# What vLLM has answered, or might, in other shapes than ours -> (status, code, message).
+FOREIGN_ERRORS = [
+    (401, b'{"error": "Unauthorized"}', "invalid_api_key", "Unauthorized"),
+    (400, b'{"error": {"message": "bad n", "type": "BadRequestError", "code": 400}}',
+     "invalid_request", "bad n"),
+    (422, b'{"detail": [{"loc": ["body"], "msg": "field required"}]}', "invalid_request",
+     '[{"loc": ["body"], "msg": "field required"}]'),
+    (503, b"Service Unavailable", "service_unavailable", "Service Unavailable"),
+    (400, b'{"error": {"message": "ours", "type": "x", "param": "p", "code": "kept"}}', "kept",
+     "ours"),
+]  # fmt: skip
+
+
+async def test_an_engine_error_in_any_shape_is_relayed_in_ours(start_router):
+    async def foreign(request: web.Request, number: int) -> web.StreamResponse:
+        status, body, _, _ = FOREIGN_ERRORS[number % len(FOREIGN_ERRORS)]
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    async with fake_engine(foreign) as engine, start_router([engine.url]) as router:
+        for stream in (False, True):
+            for status, _, code, message in FOREIGN_ERRORS:
+                body = completion(MODEL, stream=stream)
+                got, answer = await request("POST", router.url + "/v1/completions", json=body)
+                assert_openai_error(got, answer, status, code)
+                assert answer["error"]["message"] == message

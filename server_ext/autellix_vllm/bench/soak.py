@@ -557,8 +557,7 @@ class Tally:
 
 
 async def answer_of(response: aiohttp.ClientResponse) -> str:
-    """``"<status> <error code>"`` (vLLM's own errors: its message or numeric code), or
-    the bare status when the body names no error."""
+    """``"<status> <error code>"``, or the bare status when the body names no error."""
     text = await response.text()
     try:
         error = json.loads(text).get("error")
@@ -621,15 +620,16 @@ class Mallory:
         self.tallies = {
             "forged_victim_via_router": Tally(("404 program_not_found",)),
             "forged_own_via_router": Tally(("200",)),
-            # vLLM's own --api-key check guards /v1/*; the extension's guards its paths.
-            "forged_at_engine_without_key": Tally(("401 Unauthorized",)),
+            # vLLM's own --api-key check guards /v1/*; the extension's guards its paths
+            # (both answer in the router's error shape).
+            "forged_at_engine_without_key": Tally(("401 invalid_api_key",)),
             "engine_admin_without_key": Tally(("401 invalid_api_key",)),
             "call_id_reused": Tally(("409 call_id_reused",)),
             "call_id_concurrent": Tally(("200 + 409 call_id_reused",)),
             "deep_json_body": Tally(("400 invalid_json",)),
             # Python's parser takes 950 levels: the router passes the body on, and
-            # vLLM's request validation refuses it (its errors' code is the status).
-            "deep_messages": Tally(("400 invalid_json", "400 400")),
+            # vLLM's request validation refuses it (code invalid_request in our shape).
+            "deep_messages": Tally(("400 invalid_json", "400 invalid_request")),
             "program_flood": Tally((f"{self.cap} opened, then 429 too_many_programs",)),
         }
 

@@ -6,6 +6,12 @@ calls; see :mod:`autellix_vllm.engine.general_plugin`). Routes:
 
 * ``GET /autellix/v1/engine/table``: the process table (programs, threads,
   calls, service, waiting time, level, queue depth per level, counters).
+  ``?summary=1``: the same without the programs' rows (``programs_count``
+  says how many there are), at a cost that does not grow with the table: what
+  the router polls every health interval.
+* ``POST /autellix/v1/engine/table`` with ``{"program_ids": [...]}`` (at most
+  ``ENGINE_TABLE_MAX_IDS``, 1000): the table with only those programs' rows
+  (unknown ids are left out): how the router reads one page's waiting times.
 * ``DELETE /autellix/v1/engine/programs/{program_id}``: end a program
   (404 if the engine does not know it).
 
@@ -21,6 +27,7 @@ series do not reach.)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from argparse import Namespace
@@ -38,6 +45,7 @@ from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD, TABLE_METHOD
 from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol import (
     ENGINE_PROGRAM_PATH,
+    ENGINE_TABLE_MAX_IDS,
     ENGINE_TABLE_PATH,
     INVALID_KEY_CODE,
     IdentityError,
@@ -51,6 +59,8 @@ logger = logging.getLogger(__name__)
 REFRESH_INTERVAL_S = 1.0
 # Error code of a server started without an engine client.
 NO_ENGINE = "no_engine"
+# Error code of a malformed query (as the router's for its own queries).
+INVALID_PARAMETER = "invalid_parameter"
 
 # Monotonic counters of the snapshot -> (metric name, help).
 COUNTERS = {
@@ -93,14 +103,18 @@ class TableCache:
     def __init__(self) -> None:
         self.snapshot: dict[str, Any] = {}
 
-    async def refresh(self, engine_client: Any) -> dict[str, Any]:
-        self.snapshot = await adapter.call_engine_utility(engine_client, TABLE_METHOD)
+    async def refresh(
+        self, engine_client: Any, program_ids: list[str] | None = None
+    ) -> dict[str, Any]:
+        """The table (with only ``program_ids``' rows, if given), kept for the collector
+        (which reads its counters, the same in every form)."""
+        self.snapshot = await adapter.call_engine_utility(engine_client, TABLE_METHOD, program_ids)
         return self.snapshot
 
     async def refresh_forever(self, engine_client: Any) -> None:
         while True:
             try:
-                await self.refresh(engine_client)
+                await self.refresh(engine_client, [])  # the summary: counters, no rows
             except asyncio.CancelledError:
                 raise
             except Exception:  # the engine may be starting or gone; try again later
@@ -116,9 +130,8 @@ class TableCollector(Collector):
         snapshot = self.cache.snapshot
         if "queue_depth" not in snapshot:  # not fetched yet, or stock vLLM's scheduler
             return
-        yield GaugeMetricFamily(
-            "autellix_programs", "Programs in the process table", len(snapshot["programs"])
-        )
+        count = snapshot.get("programs_count", len(snapshot.get("programs", ())))
+        yield GaugeMetricFamily("autellix_programs", "Programs in the process table", count)
         yield GaugeMetricFamily(
             "autellix_running_calls", "Calls in the running batch", snapshot.get("running", 0)
         )
@@ -166,10 +179,20 @@ def build_router(key: str | None = None) -> APIRouter:
     async def get_table(request: Request) -> JSONResponse:
         if (refusal := refused(request)) is not None:
             return refusal
-        engine_client = getattr(request.app.state, "autellix_engine_client", None)
-        if engine_client is None:
-            return error_response(503, "no engine behind this server", NO_ENGINE)
-        return JSONResponse(await _cache.refresh(engine_client))
+        summary = request.query_params.get("summary", "0")
+        if summary not in ("0", "1"):
+            return error_response(400, "summary must be 0 or 1", INVALID_PARAMETER, "summary")
+        return await table_answer(request, [] if summary == "1" else None)
+
+    @router.post(ENGINE_TABLE_PATH)
+    async def query_table(request: Request) -> JSONResponse:
+        if (refusal := refused(request)) is not None:
+            return refusal
+        try:
+            program_ids = read_program_ids(await request.body())
+        except IdentityError as exc:
+            return error_response(400, str(exc), INVALID_PARAMETER, exc.param)
+        return await table_answer(request, program_ids)
 
     @router.delete(ENGINE_PROGRAM_PATH)
     async def end_program(program_id: str, request: Request) -> JSONResponse:
@@ -190,6 +213,28 @@ def build_router(key: str | None = None) -> APIRouter:
         return JSONResponse({"program_id": program_id, "ended": True})
 
     return router
+
+
+async def table_answer(request: Request, program_ids: list[str] | None) -> JSONResponse:
+    engine_client = getattr(request.app.state, "autellix_engine_client", None)
+    if engine_client is None:
+        return error_response(503, "no engine behind this server", NO_ENGINE)
+    return JSONResponse(await _cache.refresh(engine_client, program_ids))
+
+
+def read_program_ids(body: bytes) -> list[str]:
+    """The ``program_ids`` of a table query's body; :class:`IdentityError` if malformed."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        payload = None
+    ids = payload.get("program_ids") if isinstance(payload, dict) else None
+    if not isinstance(ids, list) or len(ids) > ENGINE_TABLE_MAX_IDS:
+        raise IdentityError(
+            f'the body must be {{"program_ids": [...]}}, at most {ENGINE_TABLE_MAX_IDS} ids',
+            "program_ids",
+        )
+    return [validate_id(program_id, "program_ids") for program_id in ids]
 
 
 class AutellixEndpointPlugin:

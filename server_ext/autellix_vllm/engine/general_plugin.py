@@ -7,8 +7,9 @@ to ``EngineCore``; the endpoint plugin reaches them from the API server with
 ``call_utility_async``, and they run in the engine process between steps, where
 the scheduler and its process table live:
 
-* ``autellix_table()``: the scheduler's table snapshot, as plain data
-  (msgpack-able dicts, lists, strings and numbers).
+* ``autellix_table(program_ids=None)``: the scheduler's table snapshot, as
+  plain data (msgpack-able dicts, lists, strings and numbers); with
+  ``program_ids``, only those programs' rows (``[]``: a summary, no rows).
 * ``autellix_end_program(program_id)``: end a program; False if unknown.
 
 Both answer sensibly when the engine runs stock vLLM's scheduler (the FCFS
@@ -30,12 +31,12 @@ def register() -> None:
     adapter.install_engine_core_method(END_PROGRAM_METHOD, engine_end_program)
 
 
-def engine_table(engine_core: Any) -> dict[str, Any]:
+def engine_table(engine_core: Any, program_ids: list[str] | None = None) -> dict[str, Any]:
     scheduler = adapter.engine_core_scheduler(engine_core)
     snapshot = getattr(scheduler, "autellix_snapshot", None)
     if snapshot is None:
         return {"enabled": False, "scheduler": type(scheduler).__name__}
-    return snapshot()
+    return snapshot(program_ids)
 
 
 def engine_end_program(engine_core: Any, program_id: str) -> bool:

@@ -20,6 +20,16 @@ parse as JSON, passes through byte for byte so vLLM reports its own errors. A
 body nested too deeply to parse is answered here (400, one log line): parsing
 it must not fail with a traceback.
 
+Every error answer leaving the engine has one shape,
+:func:`autellix_vllm.protocol.error_body` (the router's): vLLM's own error
+bodies (``{"error": "Unauthorized"}`` from its ``--api-key`` check, the integer
+``"code": 400`` of its request validation, FastAPI's ``detail``) are rewritten
+by :func:`autellix_vllm.protocol.normalized_error`, keeping their status and
+message. Only error answers are held back to be rewritten; a stream (``200``,
+``text/event-stream``) passes through event by event. An exception that
+escapes vLLM before it answered gets a ``500 internal_error`` in that shape
+(and is raised on, so that it is logged with its traceback).
+
 Usage: ``--middleware autellix_vllm.engine.middleware.IdentityMiddleware``.
 """
 
@@ -41,6 +51,7 @@ from autellix_vllm.protocol import (
     IdentityError,
     error_body,
     holds_key,
+    normalized_error,
     read_identity,
 )
 
@@ -66,6 +77,19 @@ class IdentityMiddleware:
         self.engine_key = engine_key(os.environ)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        shaped = ErrorShaper(send, rewrite=scope["method"] != "HEAD")
+        try:
+            await self._handle(scope, receive, shaped)
+        except Exception as exc:
+            if not shaped.started:
+                message = f"the engine failed to handle the request: {type(exc).__name__}"
+                await send_openai_error(send, 500, message, "internal_error")
+            raise
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not _is_json_post(scope):
             await self.app(scope, receive, send)
             return
@@ -157,18 +181,62 @@ async def send_openai_error(
     send: Send, status: int, message: str, code: str, param: str | None = None
 ) -> None:
     """Answer with OpenAI's error body (:func:`autellix_vllm.protocol.error_body`)."""
-    content = json.dumps(error_body(status, message, code, param)).encode()
+    await _send_json(send, status, error_body(status, message, code, param), [])
+
+
+async def _send_json(
+    send: Send, status: int, payload: dict[str, Any], headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Answer ``payload`` as JSON with ``status``; ``headers`` are kept, but for
+    the content's type and length."""
+    content = json.dumps(payload).encode()
+    kept = [(k, v) for k, v in headers if k.lower() not in (b"content-type", b"content-length")]
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [
+            "headers": kept
+            + [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(content)).encode()),
             ],
         }
     )
     await send({"type": "http.response.body", "body": content})
+
+
+class ErrorShaper:
+    """A ``send`` that puts every error answer (status >= 400) that is not a stream
+    into :func:`~autellix_vllm.protocol.error_body`'s shape; other answers pass
+    through message by message. ``started``: an answer has begun."""
+
+    def __init__(self, send: Send, rewrite: bool = True) -> None:
+        self.send = send
+        self.rewrite = rewrite
+        self.started = False
+        self._start: Message | None = None  # the held-back start of an error answer
+        self._body: list[bytes] = []
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            if self.rewrite and message["status"] >= 400 and not _is_stream(message):
+                self._start = message
+                return
+        elif message["type"] == "http.response.body" and self._start is not None:
+            self._body.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                start, self._start = self._start, None
+                status = start["status"]
+                payload = normalized_error(status, b"".join(self._body))
+                await _send_json(self.send, status, payload, list(start.get("headers", [])))
+            return
+        await self.send(message)
+
+
+def _is_stream(start: Message) -> bool:
+    content_type = _header(start.get("headers", []), b"content-type") or b""
+    return content_type.split(b";")[0].strip().lower() == b"text/event-stream"
 
 
 def _is_json_post(scope: Scope) -> bool:

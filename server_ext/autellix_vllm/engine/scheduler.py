@@ -360,10 +360,12 @@ class AutellixSchedulerMixin:
 
     # ---- the table (engine-core utility methods, see engine_plugin) -----------------
 
-    def autellix_snapshot(self) -> dict[str, Any]:
+    def autellix_snapshot(self, program_ids: list[str] | None = None) -> dict[str, Any]:
+        """The table (``ProgramScheduler.snapshot``): every program's row, or only
+        those of ``program_ids`` (none for ``[]``)."""
         now = time.time()
         self.core.table.evict_idle(now)  # an idle engine runs no steps to do it
-        snapshot = self.core.snapshot(now)
+        snapshot = self.core.snapshot(now, program_ids)
         if self.residency is not None:
             snapshot["residency"] = self.residency.snapshot()
         snapshot.update(

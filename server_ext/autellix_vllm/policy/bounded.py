@@ -4,7 +4,9 @@ Both tables must stay small however many programs and calls pass through
 them, and both bound what they keep the same two ways:
 
 * :class:`IdleTable`: entries ordered least recently active first; a sweep
-  drops, from the front, those idle for a time-to-live with nothing in flight.
+  drops, from the front, those idle for a time-to-live with nothing in flight,
+  at most :data:`SWEEP_BATCH` a sweep (the owner sweeps again until a sweep
+  drops fewer, so a flood of programs going idle at once never stalls it).
 * :class:`RecentMap` and :class:`RecentIds`: the newest ``capacity`` keys
   written (a program's completed call ids, ended program ids); the oldest are
   forgotten first.
@@ -22,6 +24,9 @@ from typing import Generic, Protocol, TypeVar
 # complete (same call id) is charged once, and a reuse of a completed id is
 # told from a retry.
 CHARGED_CALLS_KEPT = 256
+# Entries one IdleTable sweep drops at most (about a millisecond of the router's
+# work); a sweep that drops this many may have left more for the next one.
+SWEEP_BATCH = 1024
 
 
 class Activity(Protocol):
@@ -81,17 +86,31 @@ class IdleTable(Generic[EntryT]):
     def pop(self, key: str) -> EntryT | None:
         return self._entries.pop(key, None)
 
-    def drop_idle(self, now_s: float) -> list[str]:
-        """Drop entries idle for ``idle_ttl_s`` or more and not busy; return their keys."""
+    def drop_idle(self, now_s: float, limit: int = SWEEP_BATCH) -> list[str]:
+        """Drop entries idle for ``idle_ttl_s`` or more and not busy; return their keys.
+
+        At most ``limit`` (>= 1) are dropped, the least recently active first;
+        when ``limit`` were dropped, more may be idle: sweep again (see
+        :func:`swept_all`).
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
         dropped = []
         for key, entry in self._entries.items():
             if now_s - entry.last_active_s < self.idle_ttl_s:
                 break  # every entry after it was active more recently
             if not entry.busy:
                 dropped.append(key)
+                if len(dropped) == limit:
+                    break
         for key in dropped:
             del self._entries[key]
         return dropped
+
+
+def swept_all(dropped: list[str], limit: int = SWEEP_BATCH) -> bool:
+    """Whether a sweep that returned ``dropped`` left nothing idle behind it."""
+    return len(dropped) < limit
 
 
 class RecentMap(Generic[ValueT]):

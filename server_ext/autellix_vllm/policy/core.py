@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .bounded import swept_all
 from .config import PolicyConfig
 from .faults import Faults
 from .policies import Policy
@@ -246,8 +247,9 @@ class ProgramScheduler:
         self.clock = now_s if self.meter.unit == "time" else self.clock + steps
         self._promote_starving()
         if now_s >= self._next_evict_s:
-            self._next_evict_s = now_s + _EVICT_INTERVAL_S
-            self.table.evict_idle(now_s)
+            # One bounded batch a step; after a full batch, the next step sweeps again.
+            swept = swept_all(self.table.evict_idle(now_s))
+            self._next_evict_s = now_s + _EVICT_INTERVAL_S if swept else now_s
 
     def charge(
         self, call: Call, decode_tokens: int = 0, prefill_tokens: int = 0, seconds: float = 0.0
@@ -454,13 +456,22 @@ class ProgramScheduler:
         current = self.clock - call.wait_started if call.wait_started is not None else 0.0
         return call.total_wait + current
 
-    def snapshot(self, now_s: float) -> dict[str, Any]:
-        """A plain-data view of the table (for the engine's table endpoint)."""
+    def snapshot(self, now_s: float, program_ids: Iterable[str] | None = None) -> dict[str, Any]:
+        """A plain-data view of the table (for the engine's table endpoint).
+
+        ``program_ids``: only the rows of these programs (those in the table);
+        empty, none: a summary whose cost does not grow with the table.
+        """
         depth = [0] * len(self.levels)
         for call in self.waiting:
             depth[min(call.level, len(depth) - 1)] += 1
+        if program_ids is None:
+            chosen: Iterable[Program] = self.table
+        else:
+            found = (self.table.get(program_id) for program_id in program_ids)
+            chosen = [program for program in found if program is not None]
         programs = []
-        for program in self.table:
+        for program in chosen:
             active = list(program.active_calls.values())
             programs.append(
                 {
@@ -500,6 +511,7 @@ class ProgramScheduler:
             "policy": self.policy.name,
             "service_unit": self.meter.unit,
             "programs": programs,
+            "programs_count": len(self.table),
             "queue_depth": depth,
             "waiting": len(self.waiting),
             **vars(self.counters),

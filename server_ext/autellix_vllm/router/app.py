@@ -84,10 +84,16 @@ def _router_state(
         dispatcher = Dispatcher(config, session, pool, programs, balancer, metrics)
         pool.on_down = dispatcher.engine_down
         app[STATE] = RouterState(config, session, metrics, programs, pool, dispatcher)
+        sweeper = asyncio.create_task(
+            programs.sweep_forever(config.health_interval_s), name="autellix-idle-sweep"
+        )
         try:
             await pool.start()
             yield
         finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             await pool.stop()
             await session.close()
 

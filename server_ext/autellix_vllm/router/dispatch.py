@@ -3,7 +3,7 @@
 Per call: the program's entry in the router's table (opened on first sight,
 after the table's checks), the balancer's choice among healthy engines that
 serve the model, then the answer, relayed as it is (engine errors keep their
-status and body).
+status and message, in the router's error shape).
 
 What the engine is told: the client's headers without its credentials and
 without any scheduling header; in their place the identity the router
@@ -42,7 +42,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
-from autellix_vllm.protocol import KEY_TO_HEADER, CallIdentity, error_body
+from autellix_vllm.protocol import KEY_TO_HEADER, CallIdentity, error_body, normalized_error
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.engines import Engine, EnginePool
@@ -380,7 +380,11 @@ def _passed_back(headers: aiohttp.typedefs.LooseHeaders) -> dict[str, str]:
 
 
 def _whole_answer(upstream: aiohttp.ClientResponse, payload: bytes) -> web.Response:
-    """The engine's answer, as it is: its status, body and content type."""
-    return web.Response(
-        body=payload, status=upstream.status, headers=_passed_back(upstream.headers)
-    )
+    """The engine's answer: its status, body and content type; an error's body is put
+    in the router's shape (:func:`~autellix_vllm.protocol.normalized_error`), whatever
+    shape the engine gave it."""
+    headers = _passed_back(upstream.headers)
+    if upstream.status >= 400:
+        payload = json.dumps(normalized_error(upstream.status, payload)).encode()
+        headers["Content-Type"] = "application/json"
+    return web.Response(body=payload, status=upstream.status, headers=headers)

@@ -2,9 +2,12 @@
 
 Each engine is probed every ``health_interval_s``: ``GET /health`` decides
 whether it is in rotation, ``GET /v1/models`` which models it serves, and
-``GET /autellix/v1/engine/table`` how many calls wait in its queue and how long
-each program has waited there (an engine without the Autellix extension has no
-table: its queue counts as empty).
+``GET /autellix/v1/engine/table?summary=1`` how many calls wait in its queue
+(an engine without the Autellix extension has no table: its queue counts as
+empty). The summary has no program rows, so a probe costs the same however
+many programs an engine holds. How long each program waited on the engines is
+asked only when a listing needs it, for the programs it shows
+(:meth:`EnginePool.program_waits`).
 
 Load signal (what LEAST_USED minimises): the calls the router has in flight on
 the engine plus the engine's waiting queue from its last table. Waiting calls
@@ -27,13 +30,14 @@ from typing import Any
 
 import aiohttp
 
-from autellix_vllm.protocol import ENGINE_TABLE_PATH
+from autellix_vllm.protocol import ENGINE_TABLE_MAX_IDS, ENGINE_TABLE_PATH
 from autellix_vllm.router.metrics import RouterMetrics
 
 log = logging.getLogger("autellix.router")
 
 HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
+TABLE_SUMMARY_PATH = ENGINE_TABLE_PATH + "?summary=1"
 
 
 @dataclass(eq=False)
@@ -52,8 +56,6 @@ class Engine:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Unit the engine measures service in ("tokens", "time"), None if it has no table.
     service_unit: str | None = None
-    # Program id -> waiting time the engine reports for it (kept after the engine dies).
-    program_waits: dict[str, float] = field(default_factory=dict)
 
     @property
     def load(self) -> int:
@@ -139,7 +141,7 @@ class EnginePool:
                     self._probe_failed(engine, f"/health answered {answer.status}")
                     return
             models = await self._get_json(engine, MODELS_PATH)
-            table = await self._get_json(engine, ENGINE_TABLE_PATH, missing_ok=True)
+            table = await self._get_json(engine, TABLE_SUMMARY_PATH, missing_ok=True)
         except aiohttp.ClientConnectorError as error:
             self.mark_down(engine, f"connection refused: {error}")
             return
@@ -178,6 +180,46 @@ class EnginePool:
         self._publish(engine)
         self.on_down(engine)
 
+    async def program_waits(self, program_ids: list[str]) -> dict[str, float]:
+        """Program id -> the waiting time the healthy engines with a table report
+        for it, summed (programs no engine knows are left out). Asked of the
+        engines now, for these programs only; an engine that does not answer
+        within the probe timeout counts nothing."""
+        if not program_ids:
+            return {}
+        engines = [e for e in self._healthy if e.service_unit is not None]
+        answers = await asyncio.gather(
+            *(
+                self._program_waits(engine, program_ids[start : start + ENGINE_TABLE_MAX_IDS])
+                for engine in engines
+                for start in range(0, len(program_ids), ENGINE_TABLE_MAX_IDS)
+            )
+        )
+        waits: dict[str, float] = {}
+        for answer in answers:
+            for program_id, wait in answer.items():
+                waits[program_id] = waits.get(program_id, 0.0) + wait
+        return waits
+
+    async def _program_waits(self, engine: Engine, program_ids: list[str]) -> dict[str, float]:
+        try:
+            async with self.session.post(
+                engine.url + ENGINE_TABLE_PATH,
+                json={"program_ids": program_ids},
+                timeout=self.timeout,
+            ) as answer:
+                if answer.status != 200:
+                    raise ValueError(f"{ENGINE_TABLE_PATH} answered {answer.status}")
+                table = await answer.json(content_type=None)
+            return {
+                p["program_id"]: float(p.get("waiting_time") or 0.0)
+                for p in table.get("programs", [])
+                if isinstance(p, dict) and isinstance(p.get("program_id"), str)
+            }
+        except (TimeoutError, aiohttp.ClientError, ValueError, TypeError, AttributeError) as error:
+            log.info("%s: no waiting times: %s: %s", engine.name, type(error).__name__, error)
+            return {}
+
     async def _probe_forever(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
@@ -199,11 +241,6 @@ class EnginePool:
         engine.waiting = int(table.get("waiting", 0))
         engine.running = int(table.get("running", 0))
         engine.service_unit = table.get("service_unit")
-        engine.program_waits = {
-            p["program_id"]: float(p.get("waiting_time") or 0.0)
-            for p in table.get("programs", [])
-            if isinstance(p, dict) and "program_id" in p
-        }
 
     def _probe_failed(self, engine: Engine, reason: str) -> None:
         engine.failed_probes += 1

@@ -4,7 +4,8 @@ The body is :func:`autellix_vllm.protocol.error_body`, the same the engines
 send: ``{"error": {"message", "type", "param", "code"}}`` with ``type`` derived
 from the status and ``code`` a short machine-readable name such as
 ``model_not_found`` or ``program_ended``. Errors from an engine are not made
-here: they pass through with the engine's status and body.
+here: they pass through with the engine's status and message, their body put
+in this shape (``dispatch``, :func:`autellix_vllm.protocol.normalized_error`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from autellix_vllm.protocol import INVALID_KEY_CODE
+from autellix_vllm.protocol import INVALID_KEY_CODE, status_error_code
 from autellix_vllm.router.errors import ApiError, error_response
 from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing
 from autellix_vllm.router.metrics import RouterMetrics
@@ -21,13 +21,6 @@ log = logging.getLogger("autellix.router")
 
 CLIENT = web.RequestKey("autellix_client", Client)
 """The caller of a request, set by :func:`authenticate`; see :func:`caller`."""
-
-# aiohttp's own HTTP errors -> the code the router reports for them.
-_HTTP_ERROR_CODES = {
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "body_too_large",
-}
 
 
 def caller(request: web.Request) -> Client:
@@ -89,7 +82,7 @@ def _answer(error: ApiError, request: web.Request, metrics: RouterMetrics) -> we
 
 
 def _from_http_error(error: web.HTTPException, request: web.Request, limit: int) -> ApiError:
-    code = _HTTP_ERROR_CODES.get(error.status, "http_error")
+    code = status_error_code(error.status)
     if error.status == 413:
         message = f"the request body is larger than the limit of {limit} bytes"
     elif error.status == 404:

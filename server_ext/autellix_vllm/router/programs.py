@@ -27,17 +27,24 @@ may be used again only by a retry of an attempt that did not complete.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import heapq
 import itertools
 import secrets
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from autellix_vllm.policy.bounded import CHARGED_CALLS_KEPT, IdleTable, RecentIds, RecentMap
+from autellix_vllm.policy.bounded import (
+    CHARGED_CALLS_KEPT,
+    IdleTable,
+    RecentIds,
+    RecentMap,
+    swept_all,
+)
 from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
 from autellix_vllm.policy.routing import Route
 from autellix_vllm.policy.table import MAIN_THREAD
@@ -164,9 +171,10 @@ class OpeningOrder:
     def add(self, record: ProgramRecord) -> None:
         self._records.append(record)  # seqs only grow: the list stays sorted
 
-    def removed(self) -> None:
-        """One of the records has left the table."""
-        self._gone += 1
+    def removed(self, count: int = 1) -> None:
+        """``count`` of the records have left the table (all of those that left
+        since the last call: compacting drops every record not in the table)."""
+        self._gone += count
         if self._gone >= self.COMPACT_AT and self._gone * 2 >= len(self._records):
             self._records = [r for r in self._records if self._in_table(r)]
             self._gone = 0
@@ -381,11 +389,19 @@ class ProgramTable:
 
     def evict_idle(self) -> list[str]:
         """Drop programs idle for ``idle_ttl_s`` with nothing in flight (not ended:
-        a later call of theirs opens them again)."""
+        a later call of theirs opens them again), at most ``SWEEP_BATCH`` of them
+        (a full batch may have left more: :meth:`sweep_forever` sweeps again)."""
         dropped = self._programs.drop_idle(self.clock())
-        for program_id in dropped:
-            self._forget(program_id)
+        self._forget(dropped)
         return dropped
+
+    async def sweep_forever(self, interval_s: float) -> None:
+        """Every ``interval_s``, drop the idle programs: one batch at a time, letting
+        the event loop serve requests between batches, until none is left."""
+        while True:
+            await asyncio.sleep(interval_s)
+            while not swept_all(self.evict_idle()):
+                await asyncio.sleep(0)
 
     def row(self, record: ProgramRecord, waiting_time: float) -> dict[str, Any]:
         """Plain data for ``GET /autellix/v1/programs``; ``waiting_time`` is what the
@@ -508,14 +524,21 @@ class ProgramTable:
 
     def _drop(self, record: ProgramRecord) -> None:
         self._programs.pop(record.program_id)
-        self._forget(record.program_id)
+        self._forget([record.program_id])
 
-    def _forget(self, program_id: str) -> None:
-        """``program_id`` has left the table: forget it everywhere else."""
-        self.on_drop(program_id)
-        owner = self._owners.pop(program_id)
-        self._opened.removed()
-        owned = self._opened_by_owner[owner]
-        owned.removed()
-        if not owned:
-            del self._opened_by_owner[owner]
+    def _forget(self, program_ids: list[str]) -> None:
+        """``program_ids`` (all that left the table since the last call) are gone:
+        forget them everywhere else. The opening orders hear of them at once, so
+        that one that compacts itself does not count a record twice."""
+        if not program_ids:
+            return
+        per_owner: Counter[str] = Counter()
+        for program_id in program_ids:
+            self.on_drop(program_id)
+            per_owner[self._owners.pop(program_id)] += 1
+        self._opened.removed(len(program_ids))
+        for owner, count in per_owner.items():
+            owned = self._opened_by_owner[owner]
+            owned.removed(count)
+            if not owned:
+                del self._opened_by_owner[owner]

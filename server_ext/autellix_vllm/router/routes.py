@@ -110,7 +110,8 @@ async def end_program(request: web.Request) -> web.Response:
         validate_id(program_id, "program_id")
     except IdentityError as error:
         raise ApiError(400, str(error), error.code, error.param) from None
-    record = state.programs.end(program_id, caller(request), _waiting_time(state, program_id))
+    waits = await state.pool.program_waits([program_id])  # for its final row
+    record = state.programs.end(program_id, caller(request), waits.get(program_id, 0.0))
     engines = [state.pool.by_name[name] for name in record.calls_per_engine]
     await asyncio.gather(*(_end_on_engine(state, e.url, program_id) for e in engines))
     return web.json_response({"program_id": program_id, "ended": True})
@@ -140,7 +141,8 @@ async def list_programs(request: web.Request) -> web.Response:
         has_more = len(rows) < total
     else:
         page = state.programs.page(caller(request), after, limit)
-        rows = [state.programs.row(r, _waiting_time(state, r.program_id)) for r in page.records]
+        waits = await state.pool.program_waits([r.program_id for r in page.records])
+        rows = [state.programs.row(r, waits.get(r.program_id, 0.0)) for r in page.records]
         total, next_after = page.total, page.next_after
         has_more = next_after is not None
     return web.json_response(
@@ -154,11 +156,6 @@ async def list_programs(request: web.Request) -> web.Response:
             "locality_threshold": state.config.locality_threshold,
         }
     )
-
-
-def _waiting_time(state: RouterState, program_id: str) -> float:
-    """The waiting time the engines report for a program, summed over engines."""
-    return sum(engine.program_waits.get(program_id, 0.0) for engine in state.pool.engines)
 
 
 def _query_int(
