@@ -20,6 +20,8 @@ def test_the_sdk_speaks_the_protocol():
     assert _tagging.PARENT_THREAD_ID_HEADER == protocol.PARENT_THREAD_ID_HEADER
     assert _tagging.CALL_ID_HEADER == protocol.CALL_ID_HEADER
     assert _tagging.SESSION_ID_HEADER == protocol.SESSION_ID_HEADER
+    assert _tagging.RETENTION_TTL_HEADER == protocol.RETENTION_TTL_HEADER
+    assert autellix.RETENTION_TTL_HEADER == protocol.RETENTION_TTL_HEADER
     assert _programs_api.PROGRAMS_PATH == protocol.PROGRAMS_PATH
     assert autellix.PROGRAM_ID_HEADER == protocol.PROGRAM_ID_HEADER
 
@@ -40,9 +42,21 @@ def test_error_body_is_openais_shape(status, error_type):
     }
 
 
-async def test_router_and_engine_answer_a_malformed_identity_alike():
-    header = ("X-Autellix-Prior-Service", "-3")
-    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+@pytest.mark.parametrize(
+    ("header", "extra", "param"),
+    [
+        (("X-Autellix-Prior-Service", "-3"), {}, "X-Autellix-Prior-Service"),
+        (("X-Autellix-Retention-Ttl", "5d"), {}, "X-Autellix-Retention-Ttl"),
+        (
+            ("X-Other", "x"),
+            {"agent_hint": {"session_id": "s", "cache_control": {"ttl": -1}}},
+            "agent_hint.cache_control.ttl",
+        ),
+    ],
+)
+async def test_router_and_engine_answer_a_malformed_identity_alike(header, extra, param):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    raw = json.dumps(body).encode()
 
     with pytest.raises(ApiError) as caught:
         read_call("/v1/chat/completions", raw, CIMultiDict([header]), {"m"}, 4.0)
@@ -70,3 +84,4 @@ async def test_router_and_engine_answer_a_malformed_identity_alike():
     assert sent[0]["status"] == from_router.status == 400
     assert json.loads(sent[1]["body"]) == json.loads(from_router.body)
     assert json.loads(from_router.body)["error"]["code"] == "invalid_identity"
+    assert json.loads(from_router.body)["error"]["param"] == param

@@ -13,6 +13,7 @@ starts in it is a thread of its own. See docs/sdk.md.
 """
 
 from ._client import AsyncOpenAI, OpenAI
+from ._hints import expect_tool
 from ._identity import ThreadIdentity, current_identity, current_program, current_thread
 from ._program import ProgramSession, program, session
 from ._retry import TRANSIENT_STATUS_CODES
@@ -20,6 +21,7 @@ from ._tagging import (
     CALL_ID_HEADER,
     PARENT_THREAD_ID_HEADER,
     PROGRAM_ID_HEADER,
+    RETENTION_TTL_HEADER,
     SESSION_ID_HEADER,
     THREAD_ID_HEADER,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "ThreadBlock",
     "forked",
     "bound",
+    "expect_tool",
     "current_program",
     "current_thread",
     "current_identity",
@@ -47,5 +50,6 @@ __all__ = [
     "PARENT_THREAD_ID_HEADER",
     "CALL_ID_HEADER",
     "SESSION_ID_HEADER",
+    "RETENTION_TTL_HEADER",
     "TRANSIENT_STATUS_CODES",
 ]

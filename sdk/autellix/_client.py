@@ -8,9 +8,10 @@ options as a plain `RequestOptions` dict. Our override does two things and then
 hands over to openai unchanged:
 
 1. tag: read the current identity from the contextvar (a task's first call
-   starts its child thread, see `_identity`) and add the identity headers to a
-   copy of the options (see `_tagging`); a call with no identity from an
-   executor thread while a program is open is warned about once (`_threads`);
+   starts its child thread, see `_identity`) and add the identity headers, and
+   the retention hint if one is set (`_hints`), to a copy of the options (see
+   `_tagging`); a call with no identity from an executor thread while a
+   program is open is warned about once (`_threads`);
 2. retry: run openai's POST with its own retries off, retrying transient
    failures with one call id (see `_retry`).
 
@@ -31,6 +32,7 @@ from typing import Any, Self
 
 import openai
 
+from ._hints import retention_ttl
 from ._identity import current_identity, new_id, programs_open
 from ._retry import RetryPolicy, worth_retrying
 from ._tagging import tagged_headers
@@ -102,7 +104,9 @@ class _AutellixClientMixin:
         tagged = {**options, "max_retries": 0}  # we retry, openai must not
         identity = current_identity()
         if identity is not None:
-            tagged["headers"] = tagged_headers(options.get("headers"), identity, new_id())
+            tagged["headers"] = tagged_headers(
+                options.get("headers"), identity, new_id(), retention_ttl()
+            )
         elif programs_open():
             warn_if_lost_in_os_thread()
         post_arguments["options"] = tagged

@@ -1,4 +1,4 @@
-"""How identity travels on an LLM call: five HTTP headers.
+"""How identity travels on an LLM call: five HTTP headers (six with a retention hint).
 
 Headers, not body fields: every OpenAI-compatible server ignores headers it does
 not know, while strict ones (OpenAI's own API among them) reject unknown body
@@ -24,27 +24,37 @@ PARENT_THREAD_ID_HEADER = "X-Autellix-Parent-Thread-Id"
 CALL_ID_HEADER = "X-Autellix-Call-Id"
 SESSION_ID_HEADER = "X-Session-ID"
 """Read by vLLM (`Request.session_id`) and session-aware routers; carries the program id."""
+RETENTION_TTL_HEADER = "X-Autellix-Retention-Ttl"
+"""Seconds the server should keep the program's context after this call (`expect_tool`)."""
 
 
-def identity_headers(identity: ThreadIdentity, call_id: str) -> dict[str, str]:
-    """The headers that carry `identity` and the call id.
+def identity_headers(
+    identity: ThreadIdentity, call_id: str, retention_ttl_s: float | None = None
+) -> dict[str, str]:
+    """The headers that carry `identity`, the call id and a retention hint, if any.
 
     A main thread has no parent: its calls carry an empty parent header.
     """
-    return {
+    headers = {
         PROGRAM_ID_HEADER: identity.program_id,
         THREAD_ID_HEADER: identity.thread_id,
         PARENT_THREAD_ID_HEADER: identity.parent_thread_id or "",
         CALL_ID_HEADER: call_id,
         SESSION_ID_HEADER: identity.program_id,
     }
+    if retention_ttl_s is not None:
+        headers[RETENTION_TTL_HEADER] = repr(retention_ttl_s)
+    return headers
 
 
 def tagged_headers(
-    user_headers: Mapping[str, Any] | None, identity: ThreadIdentity, call_id: str
+    user_headers: Mapping[str, Any] | None,
+    identity: ThreadIdentity,
+    call_id: str,
+    retention_ttl_s: float | None = None,
 ) -> dict[str, Any]:
-    """`user_headers` plus the identity headers whose names the user did not set."""
-    ours = identity_headers(identity, call_id)
+    """`user_headers` plus our headers whose names the user did not set."""
+    ours = identity_headers(identity, call_id, retention_ttl_s)
     if not user_headers:
         return ours
     taken = {name.lower() for name in user_headers}

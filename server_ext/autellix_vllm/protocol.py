@@ -19,6 +19,7 @@ header                          ``vllm_xargs`` key             value
 ``X-Autellix-Parent-Thread-Id`` ``autellix_parent_thread_id``  id
 ``X-Autellix-Call-Id``          ``autellix_call_id``           id
 ``X-Autellix-Prior-Service``    ``autellix_prior_service``     float >= 0
+``X-Autellix-Retention-Ttl``    ``autellix_retention_ttl_s``   TTL
 ``X-Session-ID``                (body ``session_id``)          id
 =============================== ============================== ===========
 
@@ -28,10 +29,29 @@ values are UTF-8: the router (aiohttp) and the engine's middleware (raw ASGI
 bytes) both hand them to :func:`read_identity`, which reads bytes as UTF-8, and
 a value that is not UTF-8 is malformed (400), so both store the same id.
 
+A TTL (:func:`validate_ttl`) is a number of seconds >= 0, or a string of one
+with a unit: ``"30"``, ``"30s"``, ``"5m"``, ``"1h"``. The retention TTL is a
+client's hint of how long its program will be away (a tool call) after this
+call: the engine holds the call's KV that long, clamped to its residency
+bounds (``ResidencyConfig.min_ttl_s`` .. ``max_ttl_s``), instead of its own
+estimate. It is not a priority field: it never changes any program's rank.
+
 Precedence, per part: header, then the body's ``vllm_xargs`` key. The headers
 are what the SDK and the router set on every call, while a body key may be
 stale user data copied from an earlier request. A call without a program id
 belongs to its session id (``X-Session-ID``, else the body's ``session_id``).
+
+Last of all, the emerging conventions' body field (vLLM's agent_hint RFC, the
+router's Progress-TTL RFC), for agents that do not use our SDK::
+
+    "agent_hint": {"session_id": "sub-7", "parent_session_id": "sess-1",
+                   "cache_control": {"ttl": "30s"}}
+
+The program is ``parent_session_id`` if given, else ``session_id``; a call with
+a parent session runs on thread ``session_id``, forked from the parent's main
+thread (:data:`MAIN_THREAD_ID`). These parts count only where nothing above
+named the program (or named the same one), and ``cache_control.ttl`` only
+where no retention TTL was sent. Other keys of ``agent_hint`` are ignored.
 
 Paths: the OpenAI generation endpoints (:data:`GENERATION_PATHS`), the
 router's program and engine API (:data:`PROGRAMS_PATH`, :data:`ENGINES_PATH`)
@@ -49,6 +69,7 @@ from __future__ import annotations
 import hmac
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -62,6 +83,7 @@ THREAD_ID_HEADER = "X-Autellix-Thread-Id"
 PARENT_THREAD_ID_HEADER = "X-Autellix-Parent-Thread-Id"
 CALL_ID_HEADER = "X-Autellix-Call-Id"
 PRIOR_SERVICE_HEADER = "X-Autellix-Prior-Service"
+RETENTION_TTL_HEADER = "X-Autellix-Retention-Ttl"
 SESSION_ID_HEADER = "X-Session-ID"
 """vLLM's own session header; the SDK sets it to the program id."""
 
@@ -70,9 +92,13 @@ THREAD_ID = "autellix_thread_id"
 PARENT_THREAD_ID = "autellix_parent_thread_id"
 CALL_ID = "autellix_call_id"
 PRIOR_SERVICE = "autellix_prior_service"
+RETENTION_TTL = "autellix_retention_ttl_s"
 
 XARGS_FIELD = "vllm_xargs"
 SESSION_ID_FIELD = "session_id"
+AGENT_HINT_FIELD = "agent_hint"
+MAIN_THREAD_ID = "main"
+"""The thread a call without a thread id runs on (``policy.table.MAIN_THREAD``)."""
 
 # vllm_xargs key -> its header, as spelled on the wire.
 KEY_TO_HEADER: dict[str, str] = {
@@ -81,6 +107,7 @@ KEY_TO_HEADER: dict[str, str] = {
     PARENT_THREAD_ID: PARENT_THREAD_ID_HEADER,
     CALL_ID: CALL_ID_HEADER,
     PRIOR_SERVICE: PRIOR_SERVICE_HEADER,
+    RETENTION_TTL: RETENTION_TTL_HEADER,
 }
 # Header in lower case (as ASGI delivers it) -> vllm_xargs key.
 HEADER_TO_KEY: dict[str, str] = {header.lower(): key for key, header in KEY_TO_HEADER.items()}
@@ -145,6 +172,8 @@ class CallIdentity:
     parent_thread_id: str | None = None
     call_id: str | None = None
     prior_service: float | None = None
+    retention_ttl_s: float | None = None
+    """The client's retention hint in seconds, as sent (the engine clamps it)."""
 
     def as_xargs(self) -> dict[str, str | float]:
         """The ``vllm_xargs`` keys of the parts that are set."""
@@ -154,6 +183,7 @@ class CallIdentity:
             PARENT_THREAD_ID: self.parent_thread_id,
             CALL_ID: self.call_id,
             PRIOR_SERVICE: self.prior_service,
+            RETENTION_TTL: self.retention_ttl_s,
         }
         return {key: value for key, value in parts.items() if value is not None}
 
@@ -180,12 +210,45 @@ def validate_service(value: object, param: str) -> float:
     if isinstance(value, bool):  # bool is an int subclass; True is not a number here
         raise IdentityError(f"{param} must be a number, got a boolean", param)
     try:
-        service = float(value)  # type: ignore[arg-type]
+        service = _float(value)
     except (TypeError, ValueError):
         raise IdentityError(f"{param} must be a number, got {value!r}", param) from None
     if not math.isfinite(service) or service < 0:
         raise IdentityError(f"{param} must be a finite number >= 0, got {value!r}", param)
     return service
+
+
+_TTL_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_TTL_WITH_UNIT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smh])", re.IGNORECASE)
+
+
+def validate_ttl(value: object, param: str) -> float:
+    """A TTL in seconds: a finite number >= 0, or a string of one, bare or with a
+    unit, ``s``, ``m`` or ``h`` (``"30"``, ``"30s"``, ``"5m"``, ``"1.5h"``)."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            match = _TTL_WITH_UNIT.fullmatch(text)
+            if match is None:
+                message = f"{param} must be seconds or a duration like '30s', '5m', '1h'"
+                raise IdentityError(f"{message}, got {value!r}", param) from None
+            value = float(match[1]) * _TTL_UNITS[match[2].lower()]
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise IdentityError(f"{param} must be a number of seconds, got {value!r}", param)
+    seconds = _float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise IdentityError(f"{param} must be a finite number of seconds >= 0", param)
+    return seconds
+
+
+def _float(value: Any) -> float:
+    """``float(value)``, infinite for an integer too large for a float."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 Header = tuple[str | bytes, str | bytes]
@@ -197,6 +260,7 @@ def read_identity(
     xargs: object = None,
     session_id: object = None,
     *,
+    agent_hint: object = None,
     strict: bool = True,
 ) -> CallIdentity:
     """The identity of one call, from every place it may travel.
@@ -208,7 +272,8 @@ def read_identity(
     UTF-8 make the value malformed.
     ``xargs``: the body's ``vllm_xargs`` (ignored unless a dict: a malformed
     ``vllm_xargs`` is for vLLM to reject). ``session_id``: the body's
-    ``session_id``, used when ``X-Session-ID`` is absent.
+    ``session_id``, used when ``X-Session-ID`` is absent. ``agent_hint``: the
+    body's ``agent_hint``, read last (see the module's docstring).
 
     Strict (the router, the engine's middleware): every identity value present
     must be well-formed, even one that a header overrides, else
@@ -235,19 +300,62 @@ def read_identity(
     parent_thread_id = part(PARENT_THREAD_ID, validate_id)
     call_id = part(CALL_ID, validate_id)
     prior_service = part(PRIOR_SERVICE, validate_service)
+    retention_ttl_s = part(RETENTION_TTL, validate_ttl)
     header_session_id = None
     if SESSION_ID_HEADER in from_headers:
         header_session_id = read(validate_id, from_headers[SESSION_ID_HEADER], SESSION_ID_HEADER)
     body_session_id = None
     if session_id is not None:
         body_session_id = read(validate_id, session_id, SESSION_ID_FIELD)
+    program_id = program_id or header_session_id or body_session_id
+    hint = _read_agent_hint(agent_hint, read)
+    if hint.program_id is not None and program_id in (None, hint.program_id):
+        program_id = hint.program_id
+        if thread_id is None:
+            thread_id, parent_thread_id = hint.thread_id, hint.parent_thread_id
     return CallIdentity(
-        program_id=program_id or header_session_id or body_session_id,
+        program_id=program_id,
         thread_id=thread_id,
         parent_thread_id=parent_thread_id,
         call_id=call_id,
         prior_service=prior_service,
+        retention_ttl_s=retention_ttl_s if retention_ttl_s is not None else hint.retention_ttl_s,
     )
+
+
+def _read_agent_hint(hint: object, read: Callable[..., Any]) -> CallIdentity:
+    """What a body's ``agent_hint`` says: program, thread, parent thread and
+    retention TTL (a :class:`CallIdentity` without a call id)."""
+    if hint is None:
+        return CallIdentity()
+    if not isinstance(hint, Mapping):
+        read(_object, hint, AGENT_HINT_FIELD)
+        return CallIdentity()
+    session = parent = ttl = None
+    if hint.get("session_id") is not None:
+        session = read(validate_id, hint["session_id"], f"{AGENT_HINT_FIELD}.session_id")
+    if hint.get("parent_session_id") is not None:
+        param = f"{AGENT_HINT_FIELD}.parent_session_id"
+        parent = read(validate_id, hint["parent_session_id"], param)
+    cache_control = hint.get("cache_control")
+    if cache_control is not None:
+        cache_control = read(_object, cache_control, f"{AGENT_HINT_FIELD}.cache_control")
+    given_ttl = cache_control.get("ttl") if isinstance(cache_control, Mapping) else None
+    if given_ttl is not None:
+        ttl = read(validate_ttl, given_ttl, f"{AGENT_HINT_FIELD}.cache_control.ttl")
+    forked = parent is not None and session is not None and session != parent
+    return CallIdentity(
+        program_id=parent or session,
+        thread_id=session if forked else None,
+        parent_thread_id=MAIN_THREAD_ID if forked else None,
+        retention_ttl_s=ttl,
+    )
+
+
+def _object(value: object, param: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise IdentityError(f"{param} must be an object, got {type(value).__name__}", param)
+    return value
 
 
 def _identity_headers(headers: Iterable[Header]) -> dict[str, str]:

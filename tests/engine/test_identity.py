@@ -8,11 +8,13 @@ from autellix_vllm.protocol import (
     PARENT_THREAD_ID,
     PRIOR_SERVICE,
     PROGRAM_ID,
+    RETENTION_TTL,
     THREAD_ID,
     CallIdentity,
     IdentityError,
     holds_key,
     read_identity,
+    validate_ttl,
 )
 
 
@@ -112,6 +114,99 @@ def test_lenient_counts_a_malformed_value_as_missing():
 def test_as_xargs_has_the_parts_that_are_set():
     identity = CallIdentity(program_id="p", parent_thread_id="main", prior_service=0.0)
     assert identity.as_xargs() == {PROGRAM_ID: "p", PARENT_THREAD_ID: "main", PRIOR_SERVICE: 0.0}
+
+
+# ---- retention TTLs and the body's agent_hint ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(30, 30.0), (2.5, 2.5), (0, 0.0), ("30", 30.0), (" 12.5 ", 12.5), ("30s", 30.0),
+     ("5m", 300.0), ("1h", 3600.0), ("1.5H", 5400.0), (".5s", 0.5), ("2 m", 120.0),
+     ("1e3", 1000.0)],
+)  # fmt: skip
+def test_a_ttl_is_seconds_or_a_duration_with_a_unit(value, seconds):
+    assert validate_ttl(value, "ttl") == seconds
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(-1, ">= 0"), ("-3", ">= 0"), (math.inf, "finite"), ("nan", "finite"), (10**400, "finite"),
+     (True, "number of seconds"), (None, "number of seconds"), ([30], "number of seconds"),
+     ("5d", "duration"), ("-3s", "duration"), ("", "duration"), ("s", "duration")],
+)  # fmt: skip
+def test_a_malformed_ttl_is_rejected_naming_it(value, message):
+    with pytest.raises(IdentityError, match=message) as info:
+        validate_ttl(value, "agent_hint.cache_control.ttl")
+    assert info.value.param == "agent_hint.cache_control.ttl"
+
+
+def test_the_retention_ttl_comes_from_header_then_body_key_then_agent_hint():
+    hint = {"cache_control": {"ttl": "5m"}}
+    header = [("X-Autellix-Retention-Ttl", "20")]
+    assert read_identity(header, {RETENTION_TTL: 40}, agent_hint=hint).retention_ttl_s == 20
+    assert read_identity([], {RETENTION_TTL: "40s"}, agent_hint=hint).retention_ttl_s == 40
+    assert read_identity([], {}, agent_hint=hint).retention_ttl_s == 300
+    assert read_identity().retention_ttl_s is None
+    assert CallIdentity(retention_ttl_s=7.0).as_xargs() == {RETENTION_TTL: 7.0}
+
+
+def test_an_agent_hint_names_the_program_and_a_subagents_thread():
+    main = {"session_id": "sess-1", "cache_control": {"type": "ephemeral", "ttl": 30}}
+    assert read_identity(agent_hint=main) == CallIdentity(program_id="sess-1", retention_ttl_s=30)
+    sub = {"session_id": "sub-7", "parent_session_id": "sess-1", "other": {"x": 1}}
+    assert read_identity(agent_hint=sub) == CallIdentity("sess-1", "sub-7", "main")
+    # A parent without a session of its own: the parent's program, main thread.
+    orphan = {"parent_session_id": "sess-1"}
+    assert read_identity(agent_hint=orphan) == CallIdentity(program_id="sess-1")
+
+
+def test_an_agent_hint_comes_after_every_other_identity():
+    sub = {"session_id": "sub-7", "parent_session_id": "sess-1"}
+    for headers, xargs, session_id in (
+        ([("X-Autellix-Program-Id", "ours")], None, None),
+        ([], {PROGRAM_ID: "ours"}, None),
+        ([("X-Session-ID", "ours")], None, None),
+        ([], None, "ours"),
+    ):
+        identity = read_identity(headers, xargs, session_id, agent_hint=sub)
+        assert identity == CallIdentity(program_id="ours"), (headers, xargs, session_id)
+    # The same program named both ways: the hint's thread still counts.
+    same = read_identity([("X-Session-ID", "sess-1")], agent_hint=sub)
+    assert same == CallIdentity("sess-1", "sub-7", "main")
+    # Our own thread header wins over the hint's thread.
+    ours = read_identity([("X-Autellix-Thread-Id", "t")], agent_hint=sub)
+    assert ours == CallIdentity(program_id="sess-1", thread_id="t")
+
+
+@pytest.mark.parametrize(
+    ("hint", "param"),
+    [("sess-1", "agent_hint"), ({"session_id": 7}, "agent_hint.session_id"),
+     ({"session_id": "s", "parent_session_id": ""}, "agent_hint.parent_session_id"),
+     ({"cache_control": "5m"}, "agent_hint.cache_control"),
+     ({"cache_control": {"ttl": "soon"}}, "agent_hint.cache_control.ttl"),
+     ({"cache_control": {"ttl": -5}}, "agent_hint.cache_control.ttl")],
+)  # fmt: skip
+def test_a_malformed_agent_hint_is_rejected_strictly_and_ignored_leniently(hint, param):
+    with pytest.raises(IdentityError) as info:
+        read_identity([], None, "s", agent_hint=hint)
+    assert (info.value.param, info.value.code) == (param, "invalid_identity")
+    lenient = read_identity([], None, "s", agent_hint=hint, strict=False)
+    assert lenient == CallIdentity(program_id="s")
+
+
+def test_a_malformed_retention_header_is_rejected_naming_it():
+    with pytest.raises(IdentityError) as info:
+        read_identity([("x-autellix-retention-ttl", "forever")])
+    assert info.value.param == "X-Autellix-Retention-Ttl"
+    assert read_identity([("x-autellix-retention-ttl", "-1")], strict=False) == CallIdentity()
+
+
+def test_the_agent_hints_main_thread_is_the_policys():
+    from autellix_vllm.policy.table import MAIN_THREAD
+    from autellix_vllm.protocol import MAIN_THREAD_ID
+
+    assert MAIN_THREAD_ID == MAIN_THREAD
 
 
 # ---- one encoding rule: header values are UTF-8 -------------------------------------

@@ -131,6 +131,49 @@ async def test_the_session_id_becomes_the_program_id_the_scheduler_reads(app, in
     ]
 
 
+async def test_the_retention_hint_is_copied_into_vllm_xargs_from_anyone(app, inner):
+    """Not a priority field: an engine without the caller's key takes it all the same."""
+    await call(app, json.dumps(BODY).encode(), [("X-Autellix-Retention-Ttl", "90s")])
+    body = {**BODY, "agent_hint": {"session_id": "s", "cache_control": {"ttl": "2m"}}}
+    await call(app, json.dumps(body).encode(), [("X-Autellix-Program-Id", "p")])
+    forwarded = [json.loads(raw)["vllm_xargs"] for _, raw in inner.calls]
+    assert forwarded == [
+        {"autellix_retention_ttl_s": 90.0},
+        {"autellix_program_id": "p", "autellix_retention_ttl_s": 120.0},
+    ]
+
+
+async def test_an_agent_hint_becomes_the_identity_the_scheduler_reads(app, inner):
+    hint = {"session_id": "sub-7", "parent_session_id": "sess-1"}
+    body = {**BODY, "agent_hint": hint}
+    await call(app, json.dumps(body).encode())
+    forwarded = json.loads(inner.calls[0][1])
+    assert forwarded["vllm_xargs"] == {
+        "autellix_program_id": "sess-1",
+        "autellix_thread_id": "sub-7",
+        "autellix_parent_thread_id": "main",
+    }
+    assert forwarded["agent_hint"] == hint  # the client's field is left as it came
+
+
+@pytest.mark.parametrize(
+    ("hint", "param"),
+    [
+        ({"session_id": 7}, "agent_hint.session_id"),
+        ({"session_id": "s", "cache_control": {"ttl": "a while"}}, "agent_hint.cache_control.ttl"),
+        ({"session_id": "s", "cache_control": {"ttl": -1}}, "agent_hint.cache_control.ttl"),
+        (["s"], "agent_hint"),
+    ],
+)
+async def test_a_malformed_agent_hint_gets_400_and_is_not_forwarded(app, inner, hint, param):
+    body = {**BODY, "agent_hint": hint}
+    status, content = await call(app, json.dumps(body).encode())
+    assert status == 400
+    error = json.loads(content)["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_identity")
+    assert inner.calls == []
+
+
 async def test_body_already_holding_its_identity_passes_through_byte_for_byte(app, inner):
     raw = json.dumps({**BODY, "vllm_xargs": {"autellix_program_id": "p"}}).encode()
     await call(app, raw, [("X-Autellix-Program-Id", "p")])

@@ -108,3 +108,55 @@ def test_a_failing_residency_hook_costs_only_the_hold(harness, monkeypatch):
     assert snapshot["calls_finished"] == 1
     assert snapshot["residency"]["held_programs"] == 0
     assert snapshot["hook_failures"]["residency finishing"] == 1
+
+
+class Clock:
+    """Stands in for the ``time`` module of engine/residency.py: the holds' clock."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("hint_s", [None, 30.0], ids=["estimate", "client-hint"])
+def test_a_retention_hint_longer_than_the_estimate_keeps_the_hold(harness, monkeypatch, hint_s):
+    """The client's TTL (``autellix_retention_ttl_s``, what the middleware writes from
+    ``X-Autellix-Retention-Ttl``) replaces the estimate: 20 s into a tool call the
+    estimated hold (4 expected gaps of the 2 s prior: 8 s) has expired, the hinted
+    one (30 s) still holds the context, and the next call hits all of it."""
+    from autellix_vllm.engine import residency as engine_residency
+
+    clock = Clock(1000.0)
+    monkeypatch.setattr(engine_residency, "time", clock)
+    scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **KV_AWARE)
+    core = scheduler.residency.rules.config
+    assert core.ttl_gaps * core.prior_gap_s < 20 < 30 <= core.max_ttl_s
+    xargs = {"autellix_program_id": "A"}
+    if hint_s is not None:
+        xargs["autellix_retention_ttl_s"] = hint_s
+    prompt = [21] * 96
+    first = testing.new_request("A1", prompt, 1, xargs, arrival_time=0.0, block_size=BLOCK_SIZE)
+    scheduler.add_request(first)
+    step_until_finished(harness, scheduler, "A1")
+    assert scheduler.autellix_snapshot()["residency"]["held_programs"] == 1
+
+    clock.now += 20  # the tool call
+    harness.step(scheduler)
+    residency = scheduler.autellix_snapshot()["residency"]
+    assert residency["holds_expired"] == (0 if hint_s else 1)
+    assert residency["held_programs"] == (1 if hint_s else 0)
+
+    if hint_s:  # the next call finds its context held, whatever arrived meanwhile
+        scheduler.add_request(request("B1", "B", [41] * 256, max_tokens=1))
+        step_until_finished(harness, scheduler, "B1")
+        scheduler.add_request(request("A2", "A", prompt + [11] * 16, max_tokens=1))
+        admitted = {}
+        while "A2" not in admitted:
+            admitted = new_requests(harness.step(scheduler))
+        assert admitted["A2"].num_computed_tokens == 96
+        clock.now += hint_s  # and a hold past the hint expires as any other
+        harness.run_until_idle(scheduler)
+        harness.step(scheduler)
+        assert scheduler.autellix_snapshot()["residency"]["held_programs"] == 0

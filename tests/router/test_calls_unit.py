@@ -6,7 +6,7 @@ import json
 
 import pytest
 from autellix_vllm.cli.ps import format_table, human_duration
-from autellix_vllm.policy.config import ServiceMeter
+from autellix_vllm.policy.config import ResidencyConfig, ServiceMeter
 from autellix_vllm.router.calls import estimate_prompt_tokens, read_call
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.usage import SseRelay, service_from_usage
@@ -46,6 +46,7 @@ def test_bad_bodies_are_4xx_with_a_param():
         ({"X-Autellix-Call-Id": "a\x01b"}, "X-Autellix-Call-Id"),
         ({"X-Autellix-Prior-Service": "-1"}, "X-Autellix-Prior-Service"),
         ({"X-Session-ID": ""}, "X-Session-ID"),
+        ({"X-Autellix-Retention-Ttl": "-5"}, "X-Autellix-Retention-Ttl"),
     ],
 )
 def test_malformed_identity_headers_are_400(headers, param):
@@ -71,6 +72,33 @@ def test_identity_comes_from_headers_then_body_then_session():
     assert read({"model": "m"}, {"x-session-id": "session"}).program_id == "session"
     assert read({"model": "m", "session_id": "s2"}).program_id == "s2"
     assert read({"model": "m"}).program_id is None
+
+
+def test_an_agent_hint_names_the_program_last_and_stays_in_the_body():
+    hint = {"session_id": "sub-7", "parent_session_id": "sess-1"}
+    call = read({"model": "m", "agent_hint": hint})
+    assert (call.program_id, call.thread_id, call.parent_thread_id) == ("sess-1", "sub-7", "main")
+    assert json.loads(call.raw)["agent_hint"] == hint
+    assert read({"model": "m", "agent_hint": hint}, {"X-Session-ID": "s"}).program_id == "s"
+    error = api_error({"model": "m", "agent_hint": {"cache_control": {"ttl": "later"}}})
+    assert (error.status, error.param) == (400, "agent_hint.cache_control.ttl")
+
+
+def test_the_retention_hint_is_read_clamped_and_its_body_key_stripped():
+    bounds = ResidencyConfig()
+    body = {"model": "m", "vllm_xargs": {"autellix_retention_ttl_s": 30, "top_k": 5}}
+    call = read(body)
+    assert call.retention_ttl_s == 30.0
+    assert json.loads(call.raw)["vllm_xargs"] == {"top_k": 5}  # the router restates it
+    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "1h"}).retention_ttl_s == (
+        bounds.max_ttl_s
+    )
+    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "0"}).retention_ttl_s == (
+        bounds.min_ttl_s
+    )
+    hint = {"model": "m", "agent_hint": {"cache_control": {"ttl": "10s"}}}
+    assert read(hint).retention_ttl_s == 10.0
+    assert read({"model": "m"}).retention_ttl_s is None
 
 
 def test_prompt_tokens_are_estimated_from_characters_or_counted_from_ids():

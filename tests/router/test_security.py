@@ -26,7 +26,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from autellix_vllm.cli.ps import format_table
-from autellix_vllm.policy.config import ProgramLimits, ServiceMeter
+from autellix_vllm.policy.config import ProgramLimits, ResidencyConfig, ServiceMeter
 from autellix_vllm.router import RouterConfig
 from autellix_vllm.router.keys import load_api_keys
 from router_http import (
@@ -247,6 +247,42 @@ async def test_the_engine_gets_the_engine_key_and_only_the_routers_scheduling_fi
     assert "X-Autellix-Prior-Service" not in first.headers  # no service yet: none sent
     assert float(second.headers["X-Autellix-Prior-Service"]) == USAGE_SERVICE
     assert float(third.headers["X-Autellix-Prior-Service"]) == ProgramLimits().max_prior_service
+
+
+async def test_a_forged_priority_is_stripped_but_the_retention_hint_passes_clamped(
+    start_router,
+):
+    """The retention TTL is not a priority field: the router passes a client's hint on
+    (within the residency bounds) next to the identity it accepted, while the
+    client's prior service still never reaches the engine."""
+    max_ttl_s = ResidencyConfig().max_ttl_s
+    async with fake_engine() as engine, start_router([engine.url]) as router:
+        hinted = {"X-Autellix-Program-Id": "hinted", "X-Autellix-Prior-Service": "1e300"}
+        sent = [
+            ({**hinted, "X-Autellix-Retention-Ttl": "20"}, {}),
+            ({**hinted, "X-Autellix-Retention-Ttl": "3h"}, {}),
+            (hinted, {"vllm_xargs": {"autellix_retention_ttl_s": 1e9,
+                                     "autellix_prior_service": 1e300}}),
+            (hinted, {"agent_hint": {"session_id": "s", "cache_control": {"ttl": "45s"}}}),
+            (hinted, {}),
+        ]  # fmt: skip
+        for headers, extra in sent:
+            body = {**completion(MODEL), **extra}
+            status, _ = await request(
+                "POST", router.url + "/v1/completions", json=body, headers=headers
+            )
+            assert status == 200
+
+    posts = engine.posts()
+    ttls = [p.headers.get("X-Autellix-Retention-Ttl") for p in posts]
+    assert ttls == ["20.0", str(max_ttl_s), str(max_ttl_s), "45.0", None]
+    assert "X-Autellix-Prior-Service" not in posts[0].headers  # forged, and no service yet
+    for number, post in enumerate(posts):  # later: the router's own count, never 1e300
+        service = float(post.headers.get("X-Autellix-Prior-Service", 0))
+        assert service == pytest.approx(number * USAGE_SERVICE)
+        assert "autellix_prior_service" not in json.loads(post.body).get("vllm_xargs", {})
+        assert "autellix_retention_ttl_s" not in json.loads(post.body).get("vllm_xargs", {})
+        assert post.headers["X-Autellix-Program-Id"] == "hinted"
 
 
 # ---- owners and keys --------------------------------------------------------------

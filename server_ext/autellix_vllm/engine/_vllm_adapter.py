@@ -53,7 +53,8 @@ __all__ = [
 
 
 def call_identity(request: Request) -> CallIdentity:
-    """Identity from ``vllm_xargs`` (flat ``autellix_*`` keys), else the session id.
+    """Identity from ``vllm_xargs`` (flat ``autellix_*`` keys), else the session id;
+    with the client's retention hint (``autellix_retention_ttl_s``) if it sent one.
 
     Lenient: a malformed value counts as missing rather than failing the call
     (the HTTP middleware has already rejected malformed values).

@@ -15,6 +15,13 @@ reaches the scheduler only from a caller holding the engine key
 headers and from the body of every JSON POST (vLLM takes ``vllm_xargs`` on more
 routes than the generation ones).
 
+The body's ``agent_hint`` (vLLM's agent_hint RFC: ``session_id``,
+``parent_session_id``, ``cache_control.ttl``) is read last, so an agent that
+does not use our SDK still has its calls scheduled as a program; what it
+names is written into ``vllm_xargs`` like the rest. The retention TTL
+(``X-Autellix-Retention-Ttl``, or ``agent_hint.cache_control.ttl``) is a hint,
+not a priority: it is taken from anyone.
+
 Only JSON POSTs are read; everything else, and any body this middleware cannot
 parse as JSON, passes through byte for byte so vLLM reports its own errors. A
 body nested too deeply to parse is answered here (400, one log line): parsing
@@ -43,6 +50,7 @@ from typing import Any
 
 from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol import (
+    AGENT_HINT_FIELD,
     GENERATION_PATHS,
     PRIOR_SERVICE,
     SESSION_ID_FIELD,
@@ -134,7 +142,12 @@ def rewrite_body(body: bytes, headers: Iterable[Header], trust_prior_service: bo
         read_identity(headers)  # malformed headers are rejected all the same
         return body
     body_xargs = payload.get(XARGS_FIELD)
-    identity = read_identity(headers, body_xargs, payload.get(SESSION_ID_FIELD))
+    identity = read_identity(
+        headers,
+        body_xargs,
+        payload.get(SESSION_ID_FIELD),
+        agent_hint=payload.get(AGENT_HINT_FIELD),
+    )
     if body_xargs is not None and not isinstance(body_xargs, dict):
         return body
     body_xargs = dict(body_xargs or {})

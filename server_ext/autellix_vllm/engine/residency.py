@@ -8,7 +8,9 @@ vLLM (through the adapter), for a KV-aware policy (``autellix-kv``):
   cannot evict them; the hold's reference is dropped when the program's next
   call starts running (vLLM has taken its own reference on the blocks it hit),
   when the hold expires, when the client ends the program, or when a better
-  ranked call needs the blocks;
+  ranked call needs the blocks. A hold lasts the call's retention hint if the
+  client sent one (``autellix_retention_ttl_s``), else the core's estimate
+  from the program's tool gaps; within the residency bounds either way;
 * **working set**: the waiting queue shows vLLM only the calls the rule
   admits (:meth:`EngineResidency.admissible`): a call of a program with no hold
   and no running call must fit its whole sequence in the free blocks beside the
@@ -68,7 +70,8 @@ class EngineResidency:
         if program_id in self._blocks:  # an earlier call's hold: the new one replaces it
             self.rules.release(program_id)
             self._unreference(program_id)
-        for ended in self.rules.hold(program_id, program, len(blocks), time.time()):
+        hint_s = adapter.call_identity(request).retention_ttl_s  # the client's, if any
+        for ended in self.rules.hold(program_id, program, len(blocks), time.time(), hint_s):
             self._unreference(ended)
         if program_id in self.rules:
             adapter.reference_blocks(self.scheduler, blocks)

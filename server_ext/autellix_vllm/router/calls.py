@@ -9,6 +9,11 @@ Then every scheduling field the client put in the body (the ``autellix_*``
 keys of ``vllm_xargs``, the prior service among them) is removed: the router
 sends the engine the identity it accepted, and the program's prior service,
 as headers of its own (``dispatch``), so the engine has one source for each.
+The client's retention hint (``X-Autellix-Retention-Ttl``, its
+``vllm_xargs`` key, or ``agent_hint.cache_control.ttl``) is passed on the
+same way, clamped to the residency bounds: it says how long to keep the
+program's context, never how it ranks. The body's ``agent_hint`` itself is
+passed on as it came.
 
 Prompt size, for the locality threshold, is a cheap estimate that needs no
 tokenizer: the characters of the prompt text (message contents, text parts,
@@ -26,7 +31,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autellix_vllm.policy.config import ResidencyConfig
 from autellix_vllm.protocol import (
+    AGENT_HINT_FIELD,
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
     KEY_TO_HEADER,
@@ -44,6 +51,8 @@ _TEXT_KEYS = ("content", "text", "tool_calls", "function", "arguments", "output"
 # JSON values the prompt-size estimate looks at, at most: it is an estimate, and
 # a body of a million tiny parts must not hold the router up walking them.
 _MAX_PROMPT_NODES = 10_000
+# The engines' residency bounds (ResidencyConfig's defaults: engines take no others).
+_RESIDENCY = ResidencyConfig()
 
 
 @dataclass
@@ -60,6 +69,8 @@ class Call:
     # The router asked for stream usage the client did not: drop that chunk.
     usage_injected: bool = False
     parent_thread_id: str | None = None
+    # The client's retention hint, within the engines' residency bounds.
+    retention_ttl_s: float | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -113,6 +124,7 @@ def read_call(
         thread_id=identity.thread_id,
         parent_thread_id=identity.parent_thread_id,
         call_id=identity.call_id,
+        retention_ttl_s=clamped_ttl(identity.retention_ttl_s),
         prompt_tokens=estimate_prompt_tokens(path, body, chars_per_token),
     )
     changed = _strip_scheduling_fields(body)
@@ -133,9 +145,22 @@ def _unknown_model(model: str, models: Collection[str]) -> str:
 
 def _identity(body: dict[str, Any], headers: Mapping[str, str]) -> CallIdentity:
     try:
-        return read_identity(headers.items(), body.get(XARGS_FIELD), body.get(SESSION_ID_FIELD))
+        return read_identity(
+            headers.items(),
+            body.get(XARGS_FIELD),
+            body.get(SESSION_ID_FIELD),
+            agent_hint=body.get(AGENT_HINT_FIELD),
+        )
     except IdentityError as error:
         raise ApiError(400, str(error), error.code, error.param) from None
+
+
+def clamped_ttl(ttl_s: float | None) -> float | None:
+    """A client's retention hint within the engines' residency bounds (they clamp
+    it the same way; the router sends no value they would not hold)."""
+    if ttl_s is None:
+        return None
+    return min(max(ttl_s, _RESIDENCY.min_ttl_s), _RESIDENCY.max_ttl_s)
 
 
 def _strip_scheduling_fields(body: dict[str, Any]) -> bool:

@@ -8,8 +8,9 @@ status and message, in the router's error shape).
 What the engine is told: the client's headers without its credentials and
 without any scheduling header; in their place the identity the router
 accepted (``X-Autellix-Program-Id``, ``-Thread-Id``, ``-Parent-Thread-Id``,
-``-Call-Id``) and the program's service summed over all engines
-(``X-Autellix-Prior-Service``, at most ``ProgramLimits.max_prior_service``).
+``-Call-Id``), the program's service summed over all engines
+(``X-Autellix-Prior-Service``, at most ``ProgramLimits.max_prior_service``)
+and the client's retention hint, clamped (``X-Autellix-Retention-Ttl``).
 The engine key travels as the session's ``Authorization`` (``app``).
 
 Failover: a call whose engine cannot be reached, or drops the connection
@@ -269,6 +270,7 @@ class Dispatcher:
             parent_thread_id=call.parent_thread_id,
             call_id=call.call_id,
             prior_service=self._prior_service(record, engine),
+            retention_ttl_s=call.retention_ttl_s,
         )
         for key, value in accepted.as_xargs().items():
             headers[KEY_TO_HEADER[key]] = str(value)
