@@ -72,6 +72,14 @@ def test_the_working_set_rule_keeps_a_headroom():
     assert not r.fits(41, reclaimable_blocks=50)
 
 
+def test_the_reserve_grows_with_the_largest_resident_context():
+    """By default no fixed headroom: half the largest resident context is kept free."""
+    r = Residency(ResidencyConfig(), 1000, level_of=lambda p: 0)
+    assert r.fits(50, reclaimable_blocks=50)
+    assert r.fits(30, reclaimable_blocks=50, largest_resident=40)
+    assert not r.fits(31, reclaimable_blocks=50, largest_resident=40)
+
+
 def _call(name: str, level: int, seq: int) -> Call:
     p = program(name)
     c = Call(name, p, p.thread(None), 0.0)

@@ -405,6 +405,8 @@ async def _measure(
     if table.get("enabled"):
         for counter in ("preemptions", "promotions", "demotions"):
             summary[counter] = table[counter]
+        if "residency" in table:  # a KV-aware policy's holds
+            summary["residency"] = table["residency"]
     return EngineRun(summary, results)
 
 

@@ -127,6 +127,10 @@ def total_kv_blocks(scheduler: Scheduler) -> int:
     return scheduler.kv_cache_manager.block_pool.num_gpu_blocks
 
 
+def block_size(scheduler: Scheduler) -> int:
+    return scheduler.block_size
+
+
 def kv_blocks_needed(scheduler: Scheduler, request: Request) -> int:
     """Blocks a waiting request needs to (re)compute its whole sequence, ignoring
     prefix-cache hits (an upper bound)."""

@@ -45,6 +45,7 @@ class EngineResidency:
         )
         self._blocks: dict[str, list[object]] = {}  # held program -> its referenced blocks
         self._running: set[str] = set()  # programs with a running call, as of this step
+        self._largest = 0  # blocks of the largest resident context, as of this step
 
     # ---- holds --------------------------------------------------------------------
 
@@ -97,6 +98,12 @@ class EngineResidency:
         running = list(running)
         self._running = {calls[r.request_id].program.program_id for r in running}
         scheduler = self.scheduler
+        block = adapter.block_size(scheduler)
+        self._largest = max(
+            [-(-r.num_tokens // block) for r in running]
+            + [h.blocks for h in self.rules.holds.values()],
+            default=0,
+        )
         demand = sum(adapter.kv_blocks_to_grow(scheduler, r) for r in running)
         worst_running = max((calls[r.request_id].level for r in running), default=-1)
         if demand > adapter.free_kv_blocks(scheduler):
@@ -117,7 +124,8 @@ class EngineResidency:
         return False
 
     def _fits(self, need: int) -> bool:
-        return self.rules.fits(need, adapter.free_kv_blocks(self.scheduler))
+        free = adapter.free_kv_blocks(self.scheduler)
+        return self.rules.fits(need, free, self._largest)
 
     def _break(self, level: int, need: int) -> None:
         """Release holds of programs worse than ``level`` (-1: any), worst first,

@@ -159,8 +159,11 @@ class ResidencyConfig:
 
     # Share of the engine's KV blocks that holds of idle contexts may take.
     hold_share: float = 0.9
-    # Share of KV a non-resident call must leave free for resident contexts' growth.
-    headroom: float = 0.15
+    # What a non-resident call must leave free for the resident contexts to grow:
+    # this share of KV, or this share of the largest resident context if more (a
+    # long context that cannot grow is preempted and recomputed, or its hold broken).
+    headroom: float = 0.0
+    growth_reserve: float = 0.5
     # Expected tool gap of a program with no history, and how many observed gaps
     # it weighs against the program's own.
     prior_gap_s: float = 2.0
@@ -173,6 +176,8 @@ class ResidencyConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.hold_share <= 1 or not 0 <= self.headroom < 1:
             raise ValueError("hold_share must be in [0, 1] and headroom in [0, 1)")
+        if self.growth_reserve < 0:
+            raise ValueError("growth_reserve must be >= 0")
         if min(self.prior_gap_s, self.prior_weight, self.ttl_gaps) <= 0:
             raise ValueError("prior_gap_s, prior_weight and ttl_gaps must be positive")
         if not 0 <= self.min_ttl_s <= self.max_ttl_s:

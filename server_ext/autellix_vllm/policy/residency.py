@@ -207,11 +207,13 @@ class Residency:
 
     # ---- the working set and victims ------------------------------------------------
 
-    def fits(self, context_blocks: int, reclaimable_blocks: int) -> bool:
+    def fits(self, context_blocks: int, reclaimable_blocks: int, largest_resident: int = 0) -> bool:
         """Whether a call whose context is not resident may be admitted: its whole
         context fits in the blocks that are free or evictable (not held, not in use),
-        with the headroom left over."""
-        return context_blocks <= reclaimable_blocks - self.headroom_blocks
+        with the reserve for the resident contexts' growth left over (the headroom,
+        or a share of the ``largest_resident`` context in blocks if more)."""
+        reserve = max(self.headroom_blocks, self.config.growth_reserve * largest_resident)
+        return context_blocks <= reclaimable_blocks - reserve
 
     @staticmethod
     def victim(

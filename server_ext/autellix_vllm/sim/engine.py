@@ -647,7 +647,13 @@ class SimEngine:
         running call) may always be admitted; any other only if it fits."""
         if self.residency is None or job.context in self.kv.pins:
             return True
-        return self.residency.fits(self._footprint(job), self.kv.reclaimable)
+        return self._fits(self._footprint(job))
+
+    def _fits(self, blocks: int) -> bool:
+        assert self.residency is not None
+        kv = self.kv
+        largest = max((kv.context_blocks(c) for c in kv.pins), default=0)
+        return self.residency.fits(blocks, kv.reclaimable, largest)
 
     def _grow(self, job: Job, tokens: int, level: int) -> bool:
         """:meth:`KVPool.grow`, breaking holds of programs worse than ``level`` if blocks
@@ -667,7 +673,7 @@ class SimEngine:
         beside the headroom."""
         assert self.residency is not None
         for context in self.residency.breakable(level):
-            if self.residency.fits(blocks, self.kv.reclaimable):
+            if self._fits(blocks):
                 return
             self._break_hold(context)
 
