@@ -5,9 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from autellix_vllm.bench.engine import BenchSettings, ProgramResult, build_workload
-from autellix_vllm.bench.fidelity import FidelitySettings, compare
+from autellix_vllm.bench.engine import BenchSettings, ProgramResult, build_workload, probe_program
+from autellix_vllm.bench.fidelity import FidelitySettings, compare, time_scale
 from autellix_vllm.policy import Levels, PolicyConfig
+from autellix_vllm.sim.presets import get_preset
 from autellix_vllm.sim.run import simulate
 
 
@@ -39,6 +40,20 @@ def test_the_comparison_reports_median_errors_and_both_ratios():
     assert result["avg_latency_per_token_s"]["sim"] == pytest.approx(simulated_avg)
     first = result["program_latency_s"][programs[0].program_id]
     assert first["fcfs"]["engine"] == pytest.approx(first["fcfs"]["sim"] * 1.25, abs=0.002)
+
+
+def test_the_preset_is_scaled_to_the_speed_the_engine_probed():
+    """An engine whose probe ran at half the simulated speed is modelled twice as slow."""
+    settings = FidelitySettings.for_bench(BenchSettings(model="tiny", max_num_seqs=2))
+    probe = probe_program(settings.bench)
+    seconds = simulate([probe], "vllm-opt", preset="cpu-tiny", max_num_seqs=2).metrics["makespan"]
+    simulated_speed = probe.decode_tokens / seconds
+    assert time_scale(settings, simulated_speed) == pytest.approx(1.0)
+    assert time_scale(settings, simulated_speed / 2) == pytest.approx(2.0)
+    tiny = get_preset("cpu-tiny")
+    assert tiny.slowed(2.0).step_time(3, 100, 50) == pytest.approx(2 * tiny.step_time(3, 100, 50))
+    with pytest.raises(ValueError):
+        tiny.slowed(0.0)
 
 
 def test_a_preset_is_needed_and_must_exist():

@@ -513,15 +513,20 @@ def spread(programs: list[ProgramSpec], window: float, tokens_per_s: float) -> l
     return at_rate(programs, target / span)
 
 
+def probe_program(settings: BenchSettings) -> ProgramSpec:
+    """What :func:`probe_speed` replays: twice the batch of 48-token answers at once."""
+    calls = 2 * settings.max_num_seqs
+    return ProgramSpec(
+        "probe", 0.0, tuple(CallSpec(f"probe.{i}", 48, 64, thread=f"t{i}") for i in range(calls))
+    )
+
+
 async def probe_speed(
     engine: EngineProcess, settings: BenchSettings, vocabulary: PromptVocabulary | None = None
 ) -> float:
     """Decode tokens per second with the batch full (second of two rounds: the
     first warms the engine up)."""
-    calls = 2 * settings.max_num_seqs
-    probe = ProgramSpec(
-        "probe", 0.0, tuple(CallSpec(f"probe.{i}", 48, 64, thread=f"t{i}") for i in range(calls))
-    )
+    probe = probe_program(settings)
     seconds = 0.0
     for _ in range(2):
         (result,) = await replay(

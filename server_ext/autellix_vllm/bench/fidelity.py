@@ -5,7 +5,11 @@ stock vLLM then the Autellix scheduler, one after the other) and in the
 simulator, on exactly what the engine saw: the same programs (token counts as
 replayed, tool gaps) and arrival times, the engine's seats and level
 boundaries, and the preset calibrated for the model (``cpu-smollm2``,
-``cpu-tiny``). Two numbers say how close they are:
+``cpu-tiny``), its step costs scaled to the machine's speed during the run:
+the engine's probe (a full batch of answers, before its replay) is simulated
+too, and the preset is slowed or sped up by the ratio of the two times
+(``time_scale``), since on a shared machine the same engine runs 2-3x slower
+or faster with other jobs' load. Two numbers say how close they are:
 
 * ``median_rel_error``: per scheduler, the median over programs of
   |simulated latency - engine latency| / engine latency;
@@ -23,12 +27,13 @@ from typing import Any
 from autellix_vllm.bench.engine import (
     BenchSettings,
     ProgramResult,
+    probe_program,
     run_schedulers,
     scaled_levels,
     settings_summary,
 )
 from autellix_vllm.policy import Levels, PolicyConfig
-from autellix_vllm.sim.presets import get_preset
+from autellix_vllm.sim.presets import EnginePreset, get_preset
 from autellix_vllm.sim.run import simulate
 from autellix_vllm.workloads.trace import ProgramSpec
 
@@ -60,21 +65,35 @@ def run_fidelity(settings: FidelitySettings) -> dict[str, Any]:
     """Replay on the engine under both schedulers, then in the simulator; compare."""
     speed, programs, runs = run_schedulers(settings.bench)
     engine = {run.summary["scheduler"]: run.results for run in runs}
-    result = compare(programs, engine, settings)
+    scale = time_scale(settings, speed)
+    result = compare(programs, engine, settings, get_preset(settings.preset).slowed(scale))
     result["settings"] = {
         **settings_summary(settings.bench, speed, programs),
         "preset": settings.preset,
+        "time_scale": round(scale, 3),
     }
     return result
+
+
+def time_scale(settings: FidelitySettings, probed_tokens_per_s: float) -> float:
+    """How much slower the engine ran than its preset models: the probe's simulated
+    decode speed over the speed the engine's probe measured."""
+    probe = probe_program(settings.bench)
+    simulated = simulate(
+        [probe], "vllm-opt", preset=settings.preset, max_num_seqs=settings.bench.max_num_seqs
+    ).metrics["makespan"]
+    return (probe.decode_tokens / simulated) / probed_tokens_per_s
 
 
 def compare(
     programs: list[ProgramSpec],
     engine: dict[str, list[ProgramResult]],
     settings: FidelitySettings,
+    preset: EnginePreset | None = None,
 ) -> dict[str, Any]:
-    """Simulate ``programs`` under each scheduler's policy and compare with the
-    engine's results (``engine``: scheduler -> its programs' results)."""
+    """Simulate ``programs`` under each scheduler's policy (on ``preset``, default
+    ``settings.preset`` as it is) and compare with the engine's results
+    (``engine``: scheduler -> its programs' results)."""
     bench = settings.bench
     config = PolicyConfig(levels=Levels.parse(scaled_levels(bench)))
     decode = {p.program_id: p.decode_tokens for p in programs}
@@ -85,7 +104,7 @@ def compare(
         simulated = simulate(
             programs,
             policy,
-            preset=settings.preset,
+            preset=preset or settings.preset,
             max_num_seqs=bench.max_num_seqs,
             config=config,
         ).latency_per_token

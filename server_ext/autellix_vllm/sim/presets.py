@@ -159,6 +159,20 @@ class EnginePreset:
         """Time to move one token's KV between host and GPU memory."""
         return self.kv_bytes_per_token / self.host_bytes_per_s
 
+    def slowed(self, factor: float) -> EnginePreset:
+        """This preset with every step cost times ``factor`` (the same engine on a
+        machine ``factor`` times slower)."""
+        if not factor > 0:
+            raise ValueError(f"a time scale must be positive, got {factor}")
+        return replace(
+            self,
+            step_base=self.step_base * factor,
+            per_decode=self.per_decode * factor,
+            per_prefill=self.per_prefill * factor,
+            per_context_token=self.per_context_token * factor,
+            per_prefill_pair=self.per_prefill_pair * factor,
+        )
+
     def with_max_num_seqs(self, max_num_seqs: int | None) -> EnginePreset:
         return self if max_num_seqs is None else replace(self, max_num_seqs=max_num_seqs)
 

@@ -114,7 +114,7 @@ class Simulation:
         *,
         engines: int,
         lb: str,
-        preset: str,
+        preset: str | EnginePreset,
         max_num_seqs: int | None,
         config: PolicyConfig | None,
         locality_threshold: int,
@@ -125,7 +125,8 @@ class Simulation:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy, "policy")
         if engines < 1:
             raise ValueError("need at least one engine")
-        spec = get_preset(preset).with_max_num_seqs(max_num_seqs)
+        base = get_preset(preset) if isinstance(preset, str) else preset
+        spec = base.with_max_num_seqs(max_num_seqs)
         spec = spec.with_kv_offload_gib(kv_offload_gib)
         config = config or PolicyConfig()
         self.balancer = make_balancer(lb, locality_threshold)
@@ -346,7 +347,7 @@ def simulate(
     *,
     engines: int = 1,
     lb: str = "round-robin",
-    preset: str = "a100-llama8b",
+    preset: str | EnginePreset = "a100-llama8b",
     max_num_seqs: int | None = None,
     config: PolicyConfig | None = None,
     locality_threshold: int = 2048,
