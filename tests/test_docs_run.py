@@ -35,6 +35,7 @@ _ENGINE = "starts an engine (minutes on a CPU)"
 _GPU = "needs GPUs and a model folder"
 _SWEEP = "a sweep of minutes"
 _SERVER = "needs a running server"
+_VLLM_MINUTE = "imports vLLM: a minute here"
 
 # Every documented command, comments left out, by its text: how it is checked, and
 # why it is not run (PARSE, FORM) or what its output must hold (RUN).
@@ -79,7 +80,7 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix bench engine --quick --schedulers vllm,autellix --json": (PARSE, _ENGINE),
     "autellix bench engine --quick --schedulers vllm,vllm --json": (PARSE, _ENGINE),
     "autellix bench fidelity --quick --json": (PARSE, "starts two engines: about 6 minutes"),
-    "autellix bench scheduler --json": (PARSE, "imports vLLM: a minute here"),
+    "autellix bench scheduler --json": (PARSE, _VLLM_MINUTE),
     "autellix bench router-overhead --json": (PARSE, "a benchmark of 20 s and more"),
     "autellix bench router --json": (PARSE, _ENGINE),
     "autellix bench router --json -- --num-gpu-blocks-override 64": (PARSE, _ENGINE),
@@ -99,6 +100,20 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --policies vllm-opt,mlfq,autellix,srpt --workers 1 --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload W --preset a100-llama8b-kv --policies"
     " vllm-opt,vllm,mlfq,autellix,srpt --workers 1 --json": (FORM, _SWEEP),
+    "AUTELLIX_POLICY=autellix-kv autellix bench scheduler --json": (PARSE, _VLLM_MINUTE),
+    "AUTELLIX_POLICY=autellix autellix bench scheduler --json": (PARSE, _VLLM_MINUTE),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --policies"
+    " vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 202"
+    " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --no-program-end"
+    " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
+    "autellix simulate sweep --workload W [--seed $s] --policies vllm-opt,autellix-kv --json": (
+        FORM, _SWEEP),
+    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --policy autellix-kv --schedulers fcfs,autellix --json": (PARSE, _ENGINE),
+    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --schedulers fcfs,fcfs --json": (PARSE, _ENGINE),
     # docs/engine.md
     "autellix engine": (PARSE, _ENGINE),
     "autellix engine --model tiny": (PARSE, _ENGINE),

@@ -146,8 +146,10 @@ def test_the_demo_compares_stock_vllm_with_autellix_and_stops_everything():
 
 def test_ctrl_c_stops_the_demo_and_everything_it_started(engine):
     # The demo's own default load, so it is still running when Ctrl-C comes.
-    demo = start_demo("--upstream", engine.base_url, "--react-agents", "8", "--max-steps", "3",
-                      "--mcts-programs", "2", "--width", "3", "--iterations", "4")  # fmt: skip
+    # More than the tiny engine finishes before the signal, even on an idle machine
+    # (4 expansions were done in 4 s there).
+    demo = start_demo("--upstream", engine.base_url, "--react-agents", "16", "--max-steps", "6",
+                      "--mcts-programs", "2", "--width", "3", "--iterations", "40")  # fmt: skip
     lines: list[str] = []
     try:
         assert demo.stdout is not None
