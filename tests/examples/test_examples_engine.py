@@ -99,9 +99,12 @@ SMALL_MIX = ["--react-agents", "2", "--mcts-programs", "1", "--max-steps", "1", 
 
 
 def start_demo(*options: str) -> subprocess.Popen[str]:
+    # SIGINT back to its default in the demo: a suite run as a background job (a
+    # CI runner, `make test &`) inherits it ignored, and Python then keeps it so.
     return subprocess.Popen(
         [sys.executable, str(EXAMPLES / "demo.py"), *SMALL_MIX, *options],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 
