@@ -108,6 +108,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --no-program-end"
     " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --engines 4 --lb locality"
+    " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload W [--seed $s] --policies vllm-opt,autellix-kv --json": (
         FORM, _SWEEP),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
