@@ -104,6 +104,8 @@ class EngineResidency:
             + [h.blocks for h in self.rules.holds.values()],
             default=0,
         )
+        if not self.rules.holds:
+            return  # nothing to give up: skip the per-request block count
         demand = sum(adapter.kv_blocks_to_grow(scheduler, r) for r in running)
         worst_running = max((calls[r.request_id].level for r in running), default=-1)
         if demand > adapter.free_kv_blocks(scheduler):
@@ -133,8 +135,7 @@ class EngineResidency:
         for program_id in self.rules.breakable(level):
             if self._fits(need):
                 return
-            self.rules.release(program_id)
-            self.rules.broken += 1
+            self.rules.break_hold(program_id)
             self._unreference(program_id)
 
     def snapshot(self) -> dict[str, int]:

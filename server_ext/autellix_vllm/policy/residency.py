@@ -124,8 +124,7 @@ class Residency:
                 if blocks <= room:
                     break
                 room += victim.blocks
-                self._drop(victim.context)
-                self.broken += 1
+                self.break_hold(victim.context)
                 ended.append(victim.context)
         until = now + self.config.ttl_s(program, hint_s)
         held = Hold(context, program, blocks, level, until, next(self._seq))
@@ -157,6 +156,12 @@ class Residency:
             return False
         self._drop(context)
         return True
+
+    def break_hold(self, context: str) -> None:
+        """End the hold of ``context`` because a better-ranked call needs its blocks
+        (counted in ``broken``)."""
+        self._drop(context)
+        self.broken += 1
 
     def release_program(self, program_id: str) -> list[str]:
         """The program ended (its client said so): end its holds; returns their

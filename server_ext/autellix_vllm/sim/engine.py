@@ -679,8 +679,7 @@ class SimEngine:
 
     def _break_hold(self, context: str) -> None:
         assert self.residency is not None
-        self.residency.release(context)
-        self.residency.broken += 1
+        self.residency.break_hold(context)
         self.kv.unpin(context)
 
     def _take_hold(self, job: Job) -> None:
