@@ -68,12 +68,13 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
     "simulate run": (
         "--workload", "--programs", "--engines", "--preset", "--max-num-seqs", "--seed",
         "--levels", "--beta", "--atlas-variant", "--service-unit", "--prefill-weight", "--json",
-        "--policy", "--rate", "--lb", "--trace",
+        "--policy", "--rate", "--lb", "--trace", "--retention-hints",
     ),
     "simulate sweep": (
         "--workload", "--programs", "--engines", "--preset", "--max-num-seqs", "--seed",
         "--levels", "--beta", "--atlas-variant", "--service-unit", "--prefill-weight", "--json",
         "--policies", "--policy", "--lb", "--duration", "--slo-factor", "--workers", "--plot",
+        "--retention-hints",
     ),
     "simulate bench-policy": ("--running", "--waiting", "--steps", "--json"),
     "engine": (

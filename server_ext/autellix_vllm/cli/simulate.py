@@ -99,6 +99,13 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         help="clients never end their programs (agents without the SDK): a KV-aware"
         " engine holds a finished program's last context until its hold expires",
     )
+    p.add_argument(
+        "--retention-hints",
+        action="store_true",
+        help="clients tell the engine with each call how long their tool takes before the"
+        " context's next call, as autellix.expect_tool does: a KV-aware engine holds the"
+        " context that long instead of its own estimate (default: off, no hints)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the workload generator's seed")
     p.add_argument(
         "--levels", type=checked(Levels.parse),
@@ -234,6 +241,7 @@ def _run(args: argparse.Namespace) -> int:
             config=config,
             kv_offload_gib=args.kv_offload_gib,
             end_programs=args.end_programs,
+            retention_hints=args.retention_hints,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -271,6 +279,7 @@ def _sweep(args: argparse.Namespace) -> int:
                 kv_offload_gib=args.kv_offload_gib,
                 max_context=args.max_context,
                 end_programs=args.end_programs,
+                retention_hints=args.retention_hints,
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None

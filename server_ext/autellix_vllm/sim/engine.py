@@ -80,6 +80,9 @@ class Job:
     wait_s: float = 0.0
     ready_at: float = 0.0  # when its KV has loaded from the host tier
     context: str = ""  # the prefix cache's key: the program, or one of its subagents
+    # The client's retention hint (``expect_tool``): seconds until the context's next
+    # call, sent with this call; None: no hint, the residency estimates.
+    retention_hint_s: float | None = None
 
     def __post_init__(self) -> None:
         self.prompt = max(self.spec.prompt_tokens, 1)
@@ -689,13 +692,14 @@ class SimEngine:
 
     def _hold_idle(self, job: Job, now: float) -> None:
         """``job`` completed: hold its context if no other call uses it and the
-        residency grants it."""
+        residency grants it, for the client's hint if the call carried one."""
         residency, context = self.residency, job.context
         if residency is None or context in self.kv.pins or context not in self.kv.cache:
             return
         assert job.call is not None
         blocks = self.kv.context_blocks(context)
-        for ended in residency.hold(context, job.call.program, blocks, now):
+        hint_s = job.retention_hint_s
+        for ended in residency.hold(context, job.call.program, blocks, now, hint_s):
             self.kv.unpin(ended)
         if context in residency:
             self.kv.pin(context)

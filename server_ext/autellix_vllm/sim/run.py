@@ -52,6 +52,15 @@ _ARRIVE, _WAKE, _START, _END = 0, 1, 2, 3
 
 _CHECK_EVERY = 512  # events between two looks at the latency bound
 
+# The residency's counters a KV-aware run reports: metric -> Residency attribute.
+HOLD_COUNTERS = {
+    "holds_granted": "granted",
+    "holds_refused": "refused",
+    "holds_taken": "taken",
+    "holds_expired": "expired_count",
+    "holds_broken": "broken",
+}
+
 
 @dataclass
 class SimResult:
@@ -121,6 +130,7 @@ class Simulation:
         stop_above: float | None,
         kv_offload_gib: float | None = None,
         end_programs: bool = True,
+        retention_hints: bool = False,
     ) -> None:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy, "policy")
         if engines < 1:
@@ -132,6 +142,7 @@ class Simulation:
         self.balancer = make_balancer(lb, locality_threshold)
         # Clients end their programs after the last call, as the SDK does.
         self.end_programs = end_programs
+        self.retention_hints = retention_hints
         self.started = time.perf_counter()
 
         self.runs: dict[str, ProgramRun] = {}
@@ -142,6 +153,7 @@ class Simulation:
         self.global_service: dict[str, float] = {}
         self.dependents: dict[tuple[str, str], list[CallSpec]] = {}
         self.waiting_on: dict[tuple[str, str], int] = {}  # calls a call still waits for
+        self.hints: dict[tuple[str, str], float | None] = {}  # (program, call) -> its hint
 
         self.engines = [
             SimEngine(
@@ -186,12 +198,19 @@ class Simulation:
             float(program.decode_tokens),
         )
         self.runs[program.program_id] = run
+        if self.retention_hints:
+            for call_id, hint_s in retention_hints_of(program).items():
+                self.hints[(program.program_id, call_id)] = hint_s
         for c in program.calls:
             self.waiting_on[(program.program_id, c.id)] = len(c.after)
             for dep in c.after:
                 self.dependents.setdefault((program.program_id, dep), []).append(c)
             if not c.after:
-                self._post(program.arrival + c.tool_gap, _ARRIVE, Job(c, run))
+                self._post(program.arrival + c.tool_gap, _ARRIVE, self._job(c, run))
+
+    def _job(self, spec: CallSpec, run: ProgramRun) -> Job:
+        """A call of ``run``, with the client's retention hint if clients give them."""
+        return Job(spec, run, retention_hint_s=self.hints.get((run.program_id, spec.id)))
 
     def _post(self, t: float, kind: int, subject: Any) -> None:
         heapq.heappush(self.events, (t, kind, next(self._sequence), subject))
@@ -278,7 +297,7 @@ class Simulation:
             key = (pid, dep.id)
             self.waiting_on[key] -= 1
             if self.waiting_on[key] == 0:
-                self._post(now + dep.tool_gap, _ARRIVE, Job(dep, run))
+                self._post(now + dep.tool_gap, _ARRIVE, self._job(dep, run))
         if run.calls_left == 0:
             run.end = now
             self.balancer.forget(pid)
@@ -338,7 +357,54 @@ class Simulation:
         hosts = [e.host for e in sims if e.host is not None]
         if hosts:
             metrics["reloaded_tokens"] = sum(h.reloaded_tokens for h in hosts)
+        holds = [e.residency for e in sims if e.residency is not None]
+        if holds:
+            for key, counter in HOLD_COUNTERS.items():
+                metrics[key] = sum(getattr(r, counter) for r in holds)
         return metrics, lpt
+
+
+def retention_hints_of(program: ProgramSpec) -> dict[str, float | None]:
+    """The retention hint a client sends with each call of ``program`` (call id ->
+    seconds, or None for no hint), modelling a client that knows how long its own
+    tools take, as one that wraps its calls in ``autellix.expect_tool`` does:
+
+    * the call's context continues directly after it: the ``tool_gap`` of the next
+      call of that context (the shortest, if several follow), exactly, with no slack
+      (the engine clamps it to ``ResidencyConfig.min_ttl_s`` .. ``max_ttl_s``);
+    * the context is done (every other call of it is one this call waited for, so
+      the program or subagent ends): 0, which the engine, like the real one, clamps
+      to ``min_ttl_s``;
+    * the context continues only after calls of other contexts (a main thread that
+      waits for its subagents), or may continue in a thread that runs alongside:
+      None, no hint; the client cannot know how long those take, and the engine's
+      estimate from the program's tool gaps applies.
+    """
+    calls = program.calls
+    index = {c.id: i for i, c in enumerate(calls)}
+    # Bit i of ancestors[j]: call j waits, directly or not, for call i (a trace names
+    # only earlier calls in ``after``, so one pass in order finds them all).
+    ancestors: list[int] = []
+    of_context: dict[str | None, int] = {}  # context -> bits of its calls
+    next_gap: dict[str, float] = {}  # call id -> tool gap of its context's next call
+    for i, c in enumerate(calls):
+        mask = 0
+        for dep in c.after:
+            j = index[dep]
+            mask |= ancestors[j] | 1 << j
+            if calls[j].context == c.context:
+                next_gap[dep] = min(next_gap.get(dep, math.inf), c.tool_gap)
+        ancestors.append(mask)
+        of_context[c.context] = of_context.get(c.context, 0) | 1 << i
+    hints: dict[str, float | None] = {}
+    for i, c in enumerate(calls):
+        if c.id in next_gap:
+            hints[c.id] = next_gap[c.id]
+        elif (of_context[c.context] & ~ancestors[i]) == 1 << i:  # nothing of it can follow
+            hints[c.id] = 0.0
+        else:
+            hints[c.id] = None
+    return hints
 
 
 def simulate(
@@ -354,6 +420,7 @@ def simulate(
     stop_above: float | None = None,
     kv_offload_gib: float | None = None,
     end_programs: bool = True,
+    retention_hints: bool = False,
 ) -> SimResult:
     """Run ``programs`` to completion and report the paper's metrics.
 
@@ -365,6 +432,10 @@ def simulate(
     ``end_programs``: clients end each program after its last call, as the SDK
     does (False: agents that never say, so a KV-aware engine holds their last
     context until its hold expires).
+    ``retention_hints``: clients send a retention hint with every call, as
+    ``autellix.expect_tool`` does (see :func:`retention_hints_of`); a KV-aware
+    engine holds the context for the hint instead of its own estimate. Under a
+    KV-aware policy the metrics count the holds (``holds_granted`` and so on).
     """
     return Simulation(
         programs,
@@ -378,4 +449,5 @@ def simulate(
         stop_above=stop_above,
         kv_offload_gib=kv_offload_gib,
         end_programs=end_programs,
+        retention_hints=retention_hints,
     ).run()

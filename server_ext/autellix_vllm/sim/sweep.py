@@ -50,6 +50,7 @@ class SweepSetup:
     kv_offload_gib: float | None = None  # a host KV tier (None: the preset's)
     max_context: int | None = None  # the workload's context cap (None: its default)
     end_programs: bool = True  # clients end their programs (see simulate)
+    retention_hints: bool = False  # clients send retention hints (see simulate)
 
     def trace(self, rate: float) -> list[ProgramSpec]:
         count = self.programs or max(1, round(rate * self.duration))
@@ -76,6 +77,7 @@ def _run(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]
         stop_above=setup.slo or None,  # no SLO yet while measuring it
         kv_offload_gib=setup.kv_offload_gib,
         end_programs=setup.end_programs,
+        retention_hints=setup.retention_hints,
     ).metrics
 
 
@@ -139,6 +141,7 @@ def sweep(
     kv_offload_gib: float | None = None,
     max_context: int | None = None,
     end_programs: bool = True,
+    retention_hints: bool = False,
 ) -> tuple[dict[str, Any], list[Curve]]:
     """Max rate within the SLO for every policy (and balancer); see the module doc."""
     if not policies or not lbs:
@@ -150,6 +153,7 @@ def sweep(
     setup = SweepSetup(
         workload, seed, engines, preset, max_num_seqs, config or PolicyConfig(), window, programs,
         kv_offload_gib=kv_offload_gib, max_context=max_context, end_programs=end_programs,
+        retention_hints=retention_hints,
     )  # fmt: skip
     cap = capacity_rate(setup)
     runs = [(p if len(lbs) == 1 else f"{p}/{lb}", p, lb) for p in policies for lb in lbs]
@@ -182,6 +186,7 @@ def sweep(
         **({"kv_offload_gib": kv_offload_gib} if kv_offload_gib is not None else {}),
         **({"max_context": max_context} if max_context is not None else {}),
         **({} if end_programs else {"end_programs": False}),
+        **({"retention_hints": True} if retention_hints else {}),
     }, curves
 
 
