@@ -160,3 +160,30 @@ def test_a_retention_hint_longer_than_the_estimate_keeps_the_hold(harness, monke
         harness.run_until_idle(scheduler)
         harness.step(scheduler)
         assert scheduler.autellix_snapshot()["residency"]["held_programs"] == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "victim"),
+    [("autellix-kv", "short"), ("autellix", "long")],
+)
+def test_kv_pressure_preempts_the_cheapest_call_of_the_worst_level(harness, policy, victim):
+    """Two running calls of one level run out of KV blocks: vLLM's own victim is the
+    core's under autellix-kv (the short context: fewest tokens to recompute), and
+    the latest arrival of the worst level under autellix (here the long context)."""
+    scheduler = harness.scheduler(
+        max_num_seqs=4, num_blocks=10, AUTELLIX_LEVELS="0,4,8", AUTELLIX_POLICY=policy
+    )
+    scheduler.add_request(harness.request("short", program="S", prompt_len=24, max_tokens=40))
+    scheduler.add_request(harness.request("long", program="L", prompt_len=100, max_tokens=40))
+    for _ in range(20):
+        calls = dict(scheduler.calls)
+        output = harness.step(scheduler)
+        if output.preempted_req_ids:
+            break
+    assert output.preempted_req_ids == {victim}
+    short, long = scheduler.requests["short"], scheduler.requests["long"]
+    assert calls["short"].level == calls["long"].level == 2  # the same, worst level
+    assert short.arrival_time < long.arrival_time
+    assert adapter.computed_tokens(scheduler.requests[victim]) == 0  # recomputes on resume
+    harness.run_until_idle(scheduler)
+    assert short.num_output_tokens == long.num_output_tokens == 40

@@ -89,6 +89,15 @@ def test_preemption_and_enqueue_go_through_the_waiting_queue():
     assert "self.waiting = create_request_queue" in inspect.getsource(Scheduler.__init__)
 
 
+def test_kv_pressure_victim_is_the_greatest_priority_then_arrival():
+    # adapter.set_kv_victim_order chooses vLLM's victim through this rule, which
+    # applies under the priority policy only.
+    source = inspect.getsource(Scheduler.schedule)
+    assert "if self.policy == SchedulingPolicy.PRIORITY:" in source
+    assert "key=lambda r: (r.priority, r.arrival_time)," in source
+    assert "self.priority = priority" in inspect.getsource(Request.__init__)
+
+
 def test_request_constructor_and_fields():
     names = params(Request.__init__)
     for name in (

@@ -1,10 +1,9 @@
 """KV residency: holds of idle contexts by rank, the working-set rule, victim cost."""
 
-
 import pytest
 from autellix_vllm.policy import Autellix, AutellixKV, PolicyConfig, Program, ProgramScheduler
 from autellix_vllm.policy.config import ResidencyConfig
-from autellix_vllm.policy.residency import Residency
+from autellix_vllm.policy.residency import RELOAD_SPEEDUP, Residency, undo_cost
 from autellix_vllm.policy.table import Call
 
 CONFIG = ResidencyConfig(hold_share=0.5, headroom=0.1, prior_gap_s=2.0, prior_weight=2.0,
@@ -95,6 +94,12 @@ def test_the_victim_is_the_cheapest_to_undo_in_the_worst_level():
     cost["a"] = cost["b"]
     victim = Residency.victim(calls, lambda c: (c.level, c.seq), lambda c: cost[c.call_id])
     assert victim.call_id == "b"  # a tie: the worst rank
+
+
+def test_undoing_a_preemption_costs_its_recompute_less_what_a_host_tier_reloads():
+    assert undo_cost(1000) == 1000
+    assert undo_cost(1000, reloadable_tokens=600) == 400 + 600 / RELOAD_SPEEDUP
+    assert undo_cost(100, reloadable_tokens=600) == 100 / RELOAD_SPEEDUP
 
 
 def test_the_core_counts_tool_gaps_and_ranks_idle_programs():

@@ -19,11 +19,14 @@ shape. What is relied on, and why:
   finished request's cached blocks for its program's next call (KV residency):
   a block with a reference is never evicted, and ``free_blocks`` returns it to
   the prefix cache's LRU as vLLM's own free does.
+* When a running request cannot get KV blocks, ``Scheduler.schedule`` (priority
+  policy) preempts ``max(running, key=(priority, arrival_time))``; setting
+  ``Request.priority`` before the step chooses that victim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import vllm
@@ -163,6 +166,24 @@ def release_blocks(scheduler: Scheduler, blocks: list[Any]) -> None:
     """Drop the reference :func:`reference_blocks` took; unused blocks return to the
     prefix cache's eviction order, the last block first, as vLLM frees a request."""
     scheduler.kv_cache_manager.block_pool.free_blocks(reversed(blocks))
+
+
+def computed_tokens(request: Request) -> int:
+    """Tokens of the request whose KV is computed: what a preemption discards."""
+    return request.num_computed_tokens
+
+
+def set_kv_victim_order(requests: Sequence[Request]) -> None:
+    """Make vLLM's own victim, when a running request cannot get KV blocks, the
+    first of ``requests``, then the second, and so on (pass them all).
+
+    vLLM preempts the greatest ``(priority, arrival_time)``, so each request's
+    priority becomes its place counted from the end. An int, as on the wire: vLLM
+    also compares priorities in its ``kv_holding_waiting`` heap.
+    """
+    last = len(requests) - 1
+    for place, request in enumerate(requests):
+        request.priority = last - place
 
 
 def preempt_running(scheduler: Scheduler, request: Request, now: float) -> bool:

@@ -17,7 +17,10 @@ vLLM (through the adapter), for a KV-aware policy (``autellix-kv``):
   headroom; others wait and calls behind them go first;
 * **KV pressure**: before each step, holds of the worst-ranked programs are
   released while the running calls' next tokens need more blocks than are free,
-  so vLLM preempts a running call only when no hold is left to give up.
+  so vLLM preempts a running call only when no hold is left to give up; and
+  the running calls are put in the core's victim order (the worst level, then
+  the fewest computed tokens, which vLLM would recompute on resume), so the
+  call vLLM then preempts is the core's victim.
 
 A program is one context here (vLLM's prefix cache finds every shared prefix by
 content, so a program's threads need no context of their own).
@@ -31,7 +34,7 @@ from collections.abc import Iterable
 from autellix_vllm.engine import _vllm_adapter as adapter
 from autellix_vllm.engine._vllm_adapter import Request, Scheduler
 from autellix_vllm.policy import Call, ProgramScheduler
-from autellix_vllm.policy.residency import Residency
+from autellix_vllm.policy.residency import Residency, undo_cost
 
 
 class EngineResidency:
@@ -92,11 +95,13 @@ class EngineResidency:
 
     def before_step(self, running: Iterable[Request], calls: dict[str, Call]) -> None:
         """Expire holds; release the worst-ranked ones while the running calls' next
-        tokens need more blocks than are free; remember which programs run."""
+        tokens need more blocks than are free; remember which programs run; order
+        vLLM's KV-pressure victims as the core would."""
         for ended in self.rules.expired(time.time()):
             self._unreference(ended)
         running = list(running)
         self._running = {calls[r.request_id].program.program_id for r in running}
+        self._order_victims(running, calls)
         scheduler = self.scheduler
         block = adapter.block_size(scheduler)
         self._largest = max(
@@ -110,6 +115,19 @@ class EngineResidency:
         worst_running = max((calls[r.request_id].level for r in running), default=-1)
         if demand > adapter.free_kv_blocks(scheduler):
             self._break(worst_running, demand)
+
+    def _order_victims(self, running: list[Request], calls: dict[str, Call]) -> None:
+        """vLLM preempts by its own rule when a running call cannot get blocks; make
+        its choice the core's (``Residency.victim``), first victim first."""
+        rank = self.core.rank
+
+        def cost(call: Call) -> float:
+            return undo_cost(adapter.computed_tokens(call.payload))
+
+        def key(request: Request) -> tuple[int, float, tuple[float, int]]:
+            return Residency.victim_key(calls[request.request_id], rank, cost)
+
+        adapter.set_kv_victim_order(sorted(running, key=key, reverse=True))
 
     def admissible(self, call: Call) -> bool:
         """The working-set rule for a waiting call. An idle engine (nothing running)

@@ -256,9 +256,10 @@ class AutellixSchedulerMixin:
     # ---- each step ------------------------------------------------------------------
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
-        # vLLM walks `running` in order for the token budget, and its own KV-pressure
-        # victim is the worst (priority, arrival): keep both in the core's order.
-        # (Nearly sorted from the last step, so this is close to linear.)
+        # vLLM walks `running` in order for the token budget: keep it in the core's
+        # order (nearly sorted from the last step, so this is close to linear). Its
+        # own KV-pressure victim is the worst (priority, arrival): the level (set
+        # when charged), or under a KV-aware policy the residency's victim order.
         if self.residency is not None:
             hook = self.residency.before_step
             self._residency_hook("before_step", hook, self.running, self.calls)
@@ -331,7 +332,8 @@ class AutellixSchedulerMixin:
         if not by_time:
             decode, prefill = adapter.split_scheduled_tokens(call.payload, num_tokens)
             self.core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
-        call.payload.priority = call.level
+        if self.residency is None:  # else the residency orders vLLM's victims
+            call.payload.priority = call.level
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any

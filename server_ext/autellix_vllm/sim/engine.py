@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..policy import Call, ProgramScheduler
-from ..policy.residency import SKIPPED_WAITERS, Residency
+from ..policy.residency import SKIPPED_WAITERS, Residency, undo_cost
 from ..workloads.trace import CallSpec
 from .presets import EnginePreset
 
@@ -727,11 +727,11 @@ class SimEngine:
         return victim.payload
 
     def _undo_cost(self, call: Call) -> float:
-        """Tokens a preemption of ``call`` makes the engine recompute (a reload from the
-        host tier counts a hundredth of a token each)."""
+        """What a preemption of ``call`` costs to undo (the core's ``undo_cost``): its
+        computed tokens, less what the host tier would reload instead."""
         job: Job = call.payload
-        kept = min(job.computed, self.host.cache.get(job.context, 0)) if self.host else 0
-        return job.computed - kept + kept / 100
+        reloadable = self.host.cache.get(job.context, 0) if self.host else 0
+        return undo_cost(job.computed, reloadable)
 
     # ---- helpers -------------------------------------------------------------------
 
