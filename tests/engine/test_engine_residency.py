@@ -181,6 +181,7 @@ def test_kv_pressure_preempts_the_cheapest_call_of_the_worst_level(harness, poli
         if output.preempted_req_ids:
             break
     assert output.preempted_req_ids == {victim}
+    assert scheduler.autellix_snapshot()["kv_preemptions"] == 1  # vLLM's own
     short, long = scheduler.requests["short"], scheduler.requests["long"]
     assert calls["short"].level == calls["long"].level == 2  # the same, worst level
     assert short.arrival_time < long.arrival_time

@@ -403,7 +403,7 @@ async def _measure(
     summary.update(summarize(results, time.monotonic() - started))
     table = await _table(engine.base_url)
     if table.get("enabled"):
-        for counter in ("preemptions", "promotions", "demotions"):
+        for counter in ("preemptions", "kv_preemptions", "promotions", "demotions"):
             summary[counter] = table[counter]
         if "residency" in table:  # a KV-aware policy's holds
             summary["residency"] = table["residency"]

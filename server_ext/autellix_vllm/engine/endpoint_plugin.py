@@ -64,7 +64,11 @@ INVALID_PARAMETER = "invalid_parameter"
 
 # Monotonic counters of the snapshot -> (metric name, help).
 COUNTERS = {
-    "preemptions": ("autellix_preemptions", "Running calls preempted for a better-level call"),
+    "preemptions": ("autellix_preemptions", "Running calls preempted (both kinds)"),
+    "kv_preemptions": (
+        "autellix_kv_preemptions",
+        "Running calls vLLM preempted when KV blocks ran out (the others: for better waiters)",
+    ),
     "promotions": ("autellix_promotions", "Waiting calls promoted by anti-starvation"),
     "demotions": ("autellix_demotions", "Calls demoted a level after spending their quantum"),
     "calls_admitted": ("autellix_calls_admitted", "Calls registered in the process table"),

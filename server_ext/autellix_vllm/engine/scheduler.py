@@ -192,6 +192,7 @@ class AutellixSchedulerMixin:
         admissible = self.residency.admissible if self.residency is not None else None
         self.waiting = ProgramRequestQueue(self.core, self.calls, admissible)
         self.calls_without_identity = 0
+        self.kv_preemptions = 0  # vLLM's own: a running call found no free KV blocks
         # Time-unit service: when each step was scheduled (to split its duration).
         self._step_started: dict[int, tuple[float, dict[str, int]]] = {}
         logger.info(
@@ -270,7 +271,10 @@ class AutellixSchedulerMixin:
             self.core.faults.record(
                 "preemption", error, "this step runs without (further) preemptions"
             )
-        return super().schedule(throttle_prefills)  # type: ignore[misc]
+        preemptions = self.core.counters.preemptions
+        output = super().schedule(throttle_prefills)  # type: ignore[misc]
+        self.kv_preemptions += self.core.counters.preemptions - preemptions
+        return output
 
     def _rank(self, request: Request) -> tuple[float, int]:
         return self.core.rank(self.calls[request.request_id])
@@ -375,6 +379,7 @@ class AutellixSchedulerMixin:
             scheduler=type(self).__name__,
             running=len(self.running),
             calls_without_identity=self.calls_without_identity,
+            kv_preemptions=self.kv_preemptions,
             prior_service_trusted=self.trust_prior_service,
         )
         return snapshot
