@@ -108,6 +108,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --no-program-end"
     " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --retention-hints"
+    " --policies vllm-opt,autellix-kv --workers 1 --json": (PARSE, _SWEEP),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --no-program-end"
+    " --retention-hints --policies vllm-opt,autellix-kv --workers 1 --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --engines 4 --lb locality"
     " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload W [--seed $s] --policies vllm-opt,autellix-kv --json": (
