@@ -52,9 +52,12 @@ def test_limit_and_failure_counters_are_labelled_metrics():
         "queue_depth": [0],
         "calls_over_limit": {"max_fork_depth": 16},
         "hook_failures": {"base": 3, "charge": 1},
+        "waiter_preemptions": {"seat": 2, "kv_blocks": 1, "token_budget": 0},
     }
     families = {family.name: family for family in TableCollector(cache).collect()}
     over = families["autellix_calls_over_limit"].samples
     failures = families["autellix_hook_failures"].samples
+    waiters = families["autellix_waiter_preemptions"].samples
     assert [(s.labels, s.value) for s in over] == [({"limit": "max_fork_depth"}, 16)]
     assert {s.labels["hook"]: s.value for s in failures} == {"base": 3, "charge": 1}
+    assert {s.labels["reason"]: s.value for s in waiters} == cache.snapshot["waiter_preemptions"]

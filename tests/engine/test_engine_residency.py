@@ -188,3 +188,30 @@ def test_kv_pressure_preempts_the_cheapest_call_of_the_worst_level(harness, poli
     assert adapter.computed_tokens(scheduler.requests[victim]) == 0  # recomputes on resume
     harness.run_until_idle(scheduler)
     assert short.num_output_tokens == long.num_output_tokens == 40
+
+
+def test_a_held_program_s_next_call_does_not_preempt_for_blocks_it_holds(harness):
+    """A's context is held (referenced, so not free); A's next call, a better level
+    than the running R, needs all its blocks in the worst case but only two beyond
+    the six it hits. Four are free: it is admitted beside R, which keeps running."""
+    scheduler = harness.scheduler(
+        max_num_seqs=4, num_blocks=30, AUTELLIX_LEVELS="0,16,32", **KV_AWARE
+    )
+    a_prompt = [21] * 96
+    scheduler.add_request(request("A1", "A", a_prompt, max_tokens=1))
+    step_until_finished(harness, scheduler, "A1")
+    scheduler.add_request(request("R", "R", [31] * 280, max_tokens=60))
+    for _ in range(12):
+        harness.step(scheduler)
+    a2 = request("A2", "A", a_prompt + [11] + [22] * 15, max_tokens=2)
+    scheduler.add_request(a2)
+    assert scheduler.calls["A2"].level < scheduler.calls["R"].level
+    free = adapter.free_kv_blocks(scheduler)
+    need = adapter.kv_blocks_needed(scheduler, a2)
+    assert need - 6 <= free < need  # blocked only if its held blocks were new ones
+    output = harness.step(scheduler)
+    assert not output.preempted_req_ids
+    assert new_requests(output)["A2"].num_computed_tokens == 96
+    assert scheduler.autellix_snapshot()["waiter_preemptions"]["kv_blocks"] == 0
+    harness.run_until_idle(scheduler)
+    assert scheduler.autellix_snapshot()["preemptions"] == 0

@@ -86,6 +86,7 @@ def test_better_level_waiter_preempts_when_the_batch_is_full(harness):
     assert long_call.status == RequestStatus.PREEMPTED
     snapshot = scheduler.autellix_snapshot()
     assert (snapshot["preemptions"], snapshot["kv_preemptions"]) == (1, 0)  # for a waiter
+    assert snapshot["waiter_preemptions"] == {"seat": 1, "kv_blocks": 0, "token_budget": 0}
     harness.run_until_idle(scheduler)
     # The preempted call resumes (recompute) and still produces all its tokens.
     assert long_call.status == RequestStatus.FINISHED_LENGTH_CAPPED
@@ -196,6 +197,7 @@ def test_kv_pressure_preempts_a_lower_level_call_for_a_better_waiter(harness):
     output = harness.step(scheduler)
     assert output.preempted_req_ids == {"hog"}
     assert admitted(output) == ["small"]
+    assert scheduler.autellix_snapshot()["waiter_preemptions"]["kv_blocks"] == 1
     harness.run_until_idle(scheduler)
     assert hog.num_output_tokens == 30
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 9

@@ -157,6 +157,12 @@ def test_block_pool_calls_residency_relies_on(harness):
     assert "r" not in scheduler.requests
     assert [b.ref_cnt for b in blocks] == [1, 1]
     assert adapter.free_kv_blocks(scheduler) == 19 - 2
+    # The held blocks are what vLLM's prefix cache hits for a call extending the prompt.
+    extending = testing.new_request("e", [5] * 48, 1, None, arrival_time=0.0, block_size=16)
+    other = testing.new_request("o", [6] * 48, 1, None, arrival_time=0.0, block_size=16)
+    hit = scheduler.kv_cache_manager.get_computed_blocks(extending)[0].blocks[0]
+    assert adapter.prefix_hit_blocks(scheduler, extending, blocks) == len(hit) == 2
+    assert adapter.prefix_hit_blocks(scheduler, other, blocks) == 0
     adapter.release_blocks(scheduler, blocks)
     assert adapter.free_kv_blocks(scheduler) == 19
     assert all(b.block_hash is not None for b in blocks)  # still cached, evictable

@@ -405,6 +405,7 @@ async def _measure(
     if table.get("enabled"):
         for counter in ("preemptions", "kv_preemptions", "promotions", "demotions"):
             summary[counter] = table[counter]
+        summary["waiter_preemptions"] = table.get("waiter_preemptions", {})
         if "residency" in table:  # a KV-aware policy's holds
             summary["residency"] = table["residency"]
     return EngineRun(summary, results)

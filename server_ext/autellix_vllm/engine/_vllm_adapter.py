@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import vllm
+from vllm.v1.core.kv_cache_utils import get_block_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
@@ -138,6 +139,21 @@ def kv_blocks_needed(scheduler: Scheduler, request: Request) -> int:
     """Blocks a waiting request needs to (re)compute its whole sequence, ignoring
     prefix-cache hits (an upper bound)."""
     return -(-(request.num_tokens + 1) // scheduler.block_size)
+
+
+def prefix_hit_blocks(scheduler: Scheduler, request: Request, blocks: Sequence[Any]) -> int:
+    """How many of ``blocks``, from the first, vLLM's prefix cache would hit for the
+    waiting ``request`` (their hashes are its first block hashes; the last token
+    is always recomputed)."""
+    limit = min(len(blocks), (request.num_tokens - 1) // scheduler.block_size)
+    hashes = request.block_hashes
+    hits = 0
+    while hits < min(limit, len(hashes)):
+        key = blocks[hits].block_hash
+        if key is None or get_block_hash(key) != hashes[hits]:
+            break
+        hits += 1
+    return hits
 
 
 def kv_blocks_to_grow(scheduler: Scheduler, request: Request) -> int:

@@ -91,6 +91,11 @@ LABELLED_COUNTERS = {
         "Failures of the Autellix scheduler confined to one call, by hook",
         "hook",
     ),
+    "waiter_preemptions": (
+        "autellix_waiter_preemptions",
+        "Running calls preempted for a better-level waiting call, by what it lacked",
+        "reason",
+    ),
 }
 
 

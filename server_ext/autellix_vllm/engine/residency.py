@@ -143,6 +143,17 @@ class EngineResidency:
             return self._fits(need)
         return False
 
+    def kv_blocks_needed(self, call: Call) -> int:
+        """New blocks the waiting ``call`` needs to compute its whole sequence: its
+        program's held blocks that start the sequence are hits, not new blocks (and,
+        referenced, they are not among the free ones either)."""
+        request = call.payload
+        need = adapter.kv_blocks_needed(self.scheduler, request)
+        held = self._blocks.get(call.program.program_id)
+        if held:
+            need -= adapter.prefix_hit_blocks(self.scheduler, request, held)
+        return need
+
     def _fits(self, need: int) -> bool:
         free = adapter.free_kv_blocks(self.scheduler)
         return self.rules.fits(need, free, self._largest)

@@ -62,6 +62,10 @@ from autellix_vllm.policy.residency import SKIPPED_WAITERS
 
 logger = logging.getLogger(__name__)
 
+# Why a running call was preempted for a better-level waiter: no free seat, or
+# the best waiter's blocks or tokens do not fit this step.
+WAITER_PREEMPTION_REASONS = ("seat", "kv_blocks", "token_budget")
+
 __all__ = [
     "ANONYMOUS_PREFIX",
     "AutellixAsyncScheduler",
@@ -193,6 +197,8 @@ class AutellixSchedulerMixin:
         self.waiting = ProgramRequestQueue(self.core, self.calls, admissible)
         self.calls_without_identity = 0
         self.kv_preemptions = 0  # vLLM's own: a running call found no free KV blocks
+        # Ours, for better-level waiters, by what the best waiter lacked.
+        self.waiter_preemptions = dict.fromkeys(WAITER_PREEMPTION_REASONS, 0)
         # Time-unit service: when each step was scheduled (to split its duration).
         self._step_started: dict[int, tuple[float, dict[str, int]]] = {}
         logger.info(
@@ -293,22 +299,31 @@ class AutellixSchedulerMixin:
         for victim in self.core.victims(running, free_seats, self.waiting.admissible):
             if self._preempt(victim, now):
                 running.remove(victim)
+                self.waiter_preemptions["seat"] += 1
         # Seats may be free while KV blocks or the token budget are not: the best
         # waiter then displaces the worst running call, still only across levels.
         while running and (head := self.waiting.head()) is not None:
-            if not self._head_blocked(head.payload):
+            reason = self._head_blocked(head)
+            if reason is None:
                 break
             victim = self.core.worst(running)
             if not self.core.outranks(head, victim) or not self._preempt(victim, now):
                 break
             running.remove(victim)
+            self.waiter_preemptions[reason] += 1
 
-    def _head_blocked(self, head: Request) -> bool:
+    def _head_blocked(self, head: Call) -> str | None:
+        """What keeps the best waiter out of this step: ``"kv_blocks"``,
+        ``"token_budget"``, or None."""
         scheduler: Scheduler = self  # type: ignore[assignment]
-        if adapter.kv_blocks_needed(scheduler, head) > adapter.free_kv_blocks(scheduler):
-            return True
+        if self.residency is not None:  # its held blocks are not free, but it hits them
+            need = self.residency.kv_blocks_needed(head)
+        else:
+            need = adapter.kv_blocks_needed(scheduler, head.payload)
+        if need > adapter.free_kv_blocks(scheduler):
+            return "kv_blocks"
         demand = sum(adapter.tokens_to_compute(r) for r in self.running)
-        return demand >= adapter.token_budget(scheduler)
+        return "token_budget" if demand >= adapter.token_budget(scheduler) else None
 
     def _preempt(self, call: Call, now: float) -> bool:
         # vLLM returns the request to `waiting`, i.e. to ProgramRequestQueue._wait,
@@ -380,6 +395,7 @@ class AutellixSchedulerMixin:
             running=len(self.running),
             calls_without_identity=self.calls_without_identity,
             kv_preemptions=self.kv_preemptions,
+            waiter_preemptions=dict(self.waiter_preemptions),
             prior_service_trusted=self.trust_prior_service,
         )
         return snapshot
