@@ -231,3 +231,14 @@ def test_sweep_finds_a_max_rate_and_plots(tmp_path):
         assert curve.max_rate == max(passing)
     plot(curves, result["slo"], "test", str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").stat().st_size > 1000
+
+
+def test_a_step_whose_preemptions_leave_it_empty_admits_at_once():
+    """vLLM admits only in a step that preempted nothing, but a step its preemptions
+    left empty takes no time and the next one admits. Here (found by a sweep) the
+    one running call runs out of blocks under holds of its own level and is
+    preempted: an engine that then went idle waited for an event that never came,
+    and 43 programs never finished."""
+    programs = generate("agent", 96, 0.016, 0)
+    metrics = simulate(programs, "autellix-kv", preset="a100-llama8b-kv", retention_hints=True)
+    assert metrics.metrics["calls_completed"] == metrics.metrics["calls"]

@@ -411,10 +411,13 @@ class SimEngine:
         self._free_seats_for_waiters(now)
         batch = _Batch(self.preset.token_budget)
         preempted = self._schedule_running(batch, now)
-        if not preempted:
+        # vLLM admits waiting calls only in a step that preempted nothing; a step its
+        # preemptions left empty takes no time, and the next one admits.
+        admits = not preempted or not batch.jobs
+        if admits:
             self._schedule_waiting(batch, now)
         # A step that skipped admission is not repeated: the next one may admit.
-        skipped = preempted and bool(self.core.waiting or self.loading)
+        skipped = not admits and bool(self.core.waiting or self.loading)
         return self._start(batch, now, steady=not (skipped and self.preset.exact_macro_steps))
 
     def _free_seats_for_waiters(self, now: float) -> None:
