@@ -68,13 +68,14 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
     "simulate run": (
         "--workload", "--programs", "--engines", "--preset", "--max-num-seqs", "--seed",
         "--levels", "--beta", "--atlas-variant", "--service-unit", "--prefill-weight", "--json",
-        "--policy", "--rate", "--lb", "--trace", "--retention-hints",
+        "--policy", "--rate", "--lb", "--trace", "--retention-hints", "--kv-offload-gib",
+        "--max-context", "--no-program-end",
     ),
     "simulate sweep": (
         "--workload", "--programs", "--engines", "--preset", "--max-num-seqs", "--seed",
         "--levels", "--beta", "--atlas-variant", "--service-unit", "--prefill-weight", "--json",
         "--policies", "--policy", "--lb", "--duration", "--slo-factor", "--workers", "--plot",
-        "--retention-hints",
+        "--retention-hints", "--kv-offload-gib", "--max-context", "--no-program-end",
     ),
     "simulate bench-policy": ("--running", "--waiting", "--steps", "--json"),
     "engine": (
@@ -84,7 +85,7 @@ CLI_FLAGS: dict[str, tuple[str, ...]] = {
     ),
     "bench engine": (
         "--programs", "--quick", "--seed", "--workload", "--rate", "--max-num-seqs",
-        "--schedulers", "--side-by-side", "--json",
+        "--schedulers", "--side-by-side", "--json", "--policy", "--max-model-len", "--kv-blocks",
     ),
     "bench scheduler": ("--running", "--waiting", "--steps", "--json"),
     "bench router": (
