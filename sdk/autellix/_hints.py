@@ -5,7 +5,7 @@ The server keeps the program's context (its KV cache) for a while after each
 call, for a time it estimates from the program's past tool gaps; a program that
 knows better says so with `expect_tool(seconds)`, and its calls made inside the
 block carry `X-Autellix-Retention-Ttl: <seconds>` (see `_tagging`). The server
-clamps the hint to its bounds, and keeps nothing for a hint of 0; it changes how long the context is kept, never
+clamps the hint to its bounds; it changes how long the context is kept, never
 the program's priority.
 
 The hint lives in a `ContextVar`, so it follows the code as the identity does:
@@ -25,8 +25,7 @@ _retention_ttl: ContextVar[float | None] = ContextVar("autellix_retention_ttl", 
 @contextmanager
 def expect_tool(seconds: float) -> Iterator[None]:
     """Calls made in this block tell the server that a tool call of about `seconds`
-    follows their answer, so it keeps the program's context that long; 0 says
-    the program needs its context no more (a last answer), so none is kept.
+    follows their answer, so it keeps the program's context that long.
 
     Wrap the LLM call whose answer starts the tool (and the tool, if you like)::
 

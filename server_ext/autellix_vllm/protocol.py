@@ -34,7 +34,7 @@ with a unit: ``"30"``, ``"30s"``, ``"5m"``, ``"1h"``. The retention TTL is a
 client's hint of how long its program will be away (a tool call) after this
 call: the engine holds the call's KV that long, clamped to its residency
 bounds (``ResidencyConfig.min_ttl_s`` .. ``max_ttl_s``), instead of its own
-estimate; 0 says the context is done, and nothing is held. It is not a priority field: it never changes any program's rank.
+estimate. It is not a priority field: it never changes any program's rank.
 
 Precedence, per part: header, then the body's ``vllm_xargs`` key. The headers
 are what the SDK and the router set on every call, while a body key may be

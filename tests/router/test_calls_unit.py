@@ -93,9 +93,7 @@ def test_the_retention_hint_is_read_clamped_and_its_body_key_stripped():
     assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "1h"}).retention_ttl_s == (
         bounds.max_ttl_s
     )
-    # 0 stays 0: the client's context is done, and the engine holds nothing.
-    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "0"}).retention_ttl_s == 0.0
-    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "0.2"}).retention_ttl_s == (
+    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "0"}).retention_ttl_s == (
         bounds.min_ttl_s
     )
     hint = {"model": "m", "agent_hint": {"cache_control": {"ttl": "10s"}}}

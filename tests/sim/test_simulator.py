@@ -238,7 +238,7 @@ def test_a_step_whose_preemptions_leave_it_empty_admits_at_once():
     left empty takes no time and the next one admits. Here (found by a sweep) the
     one running call runs out of blocks under holds of its own level and is
     preempted: an engine that then went idle waited for an event that never came,
-    and 43 programs never finished."""
-    programs = generate("agent", 96, 0.016, 0)
+    and 70 programs never finished."""
+    programs = generate("agent", 120, 0.02, 1)
     metrics = simulate(programs, "autellix-kv", preset="a100-llama8b-kv", retention_hints=True)
     assert metrics.metrics["calls_completed"] == metrics.metrics["calls"]

@@ -188,20 +188,14 @@ class ResidencyConfig:
         total = self.prior_gap_s * self.prior_weight + program.gap_total_s
         return total / (self.prior_weight + program.gaps)
 
-    def ttl_s(self, program: Program, hint_s: float | None = None) -> float | None:
-        """How long to hold the program's idle context: the client's hint if it gave
-        one, else a few expected gaps; within the bounds either way. None: not at
-        all, because the client's hint is 0 (its context is done)."""
-        if hint_s is not None:
-            return self.hint_ttl_s(hint_s) or None
-        return self._bounded(self.ttl_gaps * self.expected_gap_s(program))
+    def ttl_s(self, program: Program, hint_s: float | None = None) -> float:
+        """How long to hold the program's idle context: a client's hint if it gave
+        one, else a few expected gaps; within the bounds either way."""
+        ttl = hint_s if hint_s is not None else self.ttl_gaps * self.expected_gap_s(program)
+        return self.bounded_ttl_s(ttl)
 
-    def hint_ttl_s(self, hint_s: float) -> float:
-        """A client's retention hint within the bounds, except that 0 stays 0: the
-        client says its context is done, so it is not held at all."""
-        return 0.0 if hint_s <= 0 else self._bounded(hint_s)
-
-    def _bounded(self, ttl_s: float) -> float:
+    def bounded_ttl_s(self, ttl_s: float) -> float:
+        """``ttl_s`` within ``[min_ttl_s, max_ttl_s]``."""
         return min(max(ttl_s, self.min_ttl_s), self.max_ttl_s)
 
 

@@ -11,8 +11,7 @@ working set keeps processes within memory:
 * **Retention.** When a context goes idle (its call ended), the engine holds its
   blocks for a while if its program is expected back: for a few of the
   program's own expected tool gaps (their mean, pulled towards a prior), or for
-  the time a client hint gives (none for a hint of 0: the context is done).
-  Holds share a budget (a part of KV) and are
+  the time a client hint gives. Holds share a budget (a part of KV) and are
   granted by program level, so a program's idle context never displaces a
   better-ranked program's hold; a hold ends when the program's next call is
   admitted, when it expires, or when a better-ranked call needs its blocks.
@@ -125,10 +124,6 @@ class Residency:
             self._drop(context)
         if program.ended or blocks <= 0:
             return []
-        ttl_s = self.config.ttl_s(program, hint_s)
-        if ttl_s is None:
-            self.refused += 1
-            return []
         level = self.level_of(program)
         ended: list[str] = []
         room = self.budget_blocks - self.held_blocks
@@ -143,7 +138,7 @@ class Residency:
                 room += victim.blocks
                 self.break_hold(victim.context)
                 ended.append(victim.context)
-        until = now + ttl_s
+        until = now + self.config.ttl_s(program, hint_s)
         held = Hold(context, program, blocks, level, until, next(self._seq))
         self.holds[context] = held
         self.held_blocks += blocks

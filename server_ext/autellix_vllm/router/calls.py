@@ -158,7 +158,7 @@ def _identity(body: dict[str, Any], headers: Mapping[str, str]) -> CallIdentity:
 def clamped_ttl(ttl_s: float | None) -> float | None:
     """A client's retention hint within the engines' residency bounds (they clamp
     it the same way; the router sends no value they would not hold)."""
-    return None if ttl_s is None else _RESIDENCY.hint_ttl_s(ttl_s)
+    return None if ttl_s is None else _RESIDENCY.bounded_ttl_s(ttl_s)
 
 
 def _strip_scheduling_fields(body: dict[str, Any]) -> bool:

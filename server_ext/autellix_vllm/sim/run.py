@@ -373,8 +373,8 @@ def retention_hints_of(program: ProgramSpec) -> dict[str, float | None]:
       call of that context (the shortest, if several follow), exactly, with no slack
       (the engine clamps it to ``ResidencyConfig.min_ttl_s`` .. ``max_ttl_s``);
     * the context is done (every other call of it is one this call waited for, so
-      the program or subagent ends): 0, for which the engine, like the real one,
-      holds nothing;
+      the program or subagent ends): 0, which the engine, like the real one, clamps
+      to ``min_ttl_s``;
     * the context continues only after calls of other contexts (a main thread that
       waits for its subagents), or may continue in a thread that runs alongside:
       None, no hint; the client cannot know how long those take, and the engine's
