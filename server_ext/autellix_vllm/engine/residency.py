@@ -173,9 +173,5 @@ class EngineResidency:
         return {
             "held_programs": len(rules.holds),
             "held_blocks": rules.held_blocks,
-            "holds_granted": rules.granted,
-            "holds_refused": rules.refused,
-            "holds_taken": rules.taken,
-            "holds_expired": rules.expired_count,
-            "holds_broken": rules.broken,
+            **rules.counters(),
         }

@@ -109,6 +109,16 @@ class Residency:
     def __contains__(self, context: str) -> bool:
         return context in self.holds
 
+    def counters(self) -> dict[str, int]:
+        """What the holds did so far, under the names engines report them by."""
+        return {
+            "holds_granted": self.granted,
+            "holds_refused": self.refused,
+            "holds_taken": self.taken,
+            "holds_expired": self.expired_count,
+            "holds_broken": self.broken,
+        }
+
     # ---- retention ------------------------------------------------------------------
 
     def hold(

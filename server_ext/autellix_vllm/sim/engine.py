@@ -126,6 +126,7 @@ class KVPool:
         self.pinned_blocks = 0
         self.cache: OrderedDict[str, int] = OrderedDict()  # context -> cached tokens
         self.pins: dict[str, int] = {}
+        self._largest_pinned: int | None = 0  # None: pins or their sizes changed since
         self.hit_tokens = 0
         self.prompt_tokens = 0
 
@@ -176,6 +177,7 @@ class KVPool:
         if context not in self.pins:
             self.pins[context] = 0
             self.pinned_blocks += _blocks(self.cache[context], self.block_size)
+            self._largest_pinned = None
         self.pins[context] += 1
 
     def unpin(self, context: str) -> None:
@@ -183,6 +185,14 @@ class KVPool:
         if not self.pins[context]:
             del self.pins[context]
             self.pinned_blocks -= _blocks(self.cache[context], self.block_size)
+            self._largest_pinned = None
+
+    def largest_pinned(self) -> int:
+        """Blocks of the largest pinned context; counted again only after the pins
+        change, since admission asks for every waiter it looks at."""
+        if self._largest_pinned is None:
+            self._largest_pinned = max((self.context_blocks(c) for c in self.pins), default=0)
+        return self._largest_pinned
 
     def context_blocks(self, context: str) -> int:
         """Blocks cached for ``context`` (0 if none)."""
@@ -218,6 +228,7 @@ class KVPool:
             self.cached_blocks += grown
             if pid in self.pins:
                 self.pinned_blocks += grown
+                self._largest_pinned = None
             self.cache[pid] = new
             self.cache.move_to_end(pid)
             self.reclaim(0)
@@ -657,9 +668,7 @@ class SimEngine:
 
     def _fits(self, blocks: int) -> bool:
         assert self.residency is not None
-        kv = self.kv
-        largest = max((kv.context_blocks(c) for c in kv.pins), default=0)
-        return self.residency.fits(blocks, kv.reclaimable, largest)
+        return self.residency.fits(blocks, self.kv.reclaimable, self.kv.largest_pinned())
 
     def _grow(self, job: Job, tokens: int, level: int) -> bool:
         """:meth:`KVPool.grow`, breaking holds of programs worse than ``level`` if blocks

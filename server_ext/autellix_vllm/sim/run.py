@@ -52,15 +52,6 @@ _ARRIVE, _WAKE, _START, _END = 0, 1, 2, 3
 
 _CHECK_EVERY = 512  # events between two looks at the latency bound
 
-# The residency's counters a KV-aware run reports: metric -> Residency attribute.
-HOLD_COUNTERS = {
-    "holds_granted": "granted",
-    "holds_refused": "refused",
-    "holds_taken": "taken",
-    "holds_expired": "expired_count",
-    "holds_broken": "broken",
-}
-
 
 @dataclass
 class SimResult:
@@ -357,10 +348,9 @@ class Simulation:
         hosts = [e.host for e in sims if e.host is not None]
         if hosts:
             metrics["reloaded_tokens"] = sum(h.reloaded_tokens for h in hosts)
-        holds = [e.residency for e in sims if e.residency is not None]
-        if holds:
-            for key, counter in HOLD_COUNTERS.items():
-                metrics[key] = sum(getattr(r, counter) for r in holds)
+        holds = [e.residency.counters() for e in sims if e.residency is not None]
+        for key in holds[0] if holds else ():
+            metrics[key] = sum(counters[key] for counters in holds)
         return metrics, lpt
 
 
