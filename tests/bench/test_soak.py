@@ -19,6 +19,7 @@ from aiohttp import web
 from autellix_vllm.bench.soak import FORGED_SERVICE, EngineTables, Tally
 from autellix_vllm.engine.reaper import group_members
 from autellix_vllm.protocol import ENGINE_TABLE_PATH
+from local_http import serving
 
 ENGINE_KEY = "soak-test-engine-key"
 
@@ -38,18 +39,9 @@ async def test_the_table_scan_catches_a_forged_prior_service_on_any_engine():
 
     app = web.Application()
     app.router.add_get("/{engine}" + ENGINE_TABLE_PATH, table)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        urls = {0: f"http://127.0.0.1:{port}/a", 1: f"http://127.0.0.1:{port}/b"}
-        async with aiohttp.ClientSession() as http:
-            scan = EngineTables(http, urls, ENGINE_KEY)
-            await scan.scan()
-    finally:
-        await runner.cleanup()
+    async with serving(web.AppRunner(app)) as url, aiohttp.ClientSession() as http:
+        scan = EngineTables(http, {0: f"{url}/a", 1: f"{url}/b"}, ENGINE_KEY)
+        await scan.scan()
     assert scan.forged == {"victim"}
     assert scan.largest_service == 41.5
     assert seen_keys == {f"Bearer {ENGINE_KEY}": 2}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from local_http import serving
 
 MODEL = "scripted"
 Reply = Callable[[dict[str, Any]], str | tuple[str, str]]
@@ -71,16 +72,9 @@ async def scripted_server(reply: Reply) -> AsyncIterator[ScriptedServer]:
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        server.base_url = f"http://{host}:{port}/v1"
+    async with serving(web.AppRunner(app, access_log=None)) as url:
+        server.base_url = f"{url}/v1"
         yield server
-    finally:
-        await runner.cleanup()
 
 
 def schema_of(body: dict[str, Any]) -> dict[str, Any]:

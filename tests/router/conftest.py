@@ -12,6 +12,7 @@ from aiohttp import web
 from autellix_vllm.router import RouterConfig, create_app
 from autellix_vllm.router.app import router_runner
 from autellix_vllm.router.state import STATE, RouterState
+from local_http import serving
 
 
 @dataclass
@@ -40,15 +41,8 @@ async def running_router(upstreams: list[Any], **options: Any) -> AsyncIterator[
             urls.append(upstream.base_url)
             options.setdefault("engine_key", upstream.config.api_key)
     app = create_app(RouterConfig(upstreams=tuple(urls), **options))
-    runner = router_runner(app)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        yield RunningRouter(f"http://{host}:{port}", app)
-    finally:
-        await runner.cleanup()
+    async with serving(router_runner(app)) as url:
+        yield RunningRouter(url, app)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
+from local_http import serving
 
 PROGRAMS = "/autellix/v1/programs"
 
@@ -27,14 +28,8 @@ async def fake_engine_app(app: web.Application, model: str) -> AsyncIterator[str
     app.router.add_get("/health", ok)
     app.router.add_get("/v1/models", models)
     app.router.add_delete("/autellix/v1/engine/programs/{program_id}", ok)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(web.AppRunner(app, access_log=None)) as url:
+        yield url
 
 
 def unique(prefix: str) -> str:

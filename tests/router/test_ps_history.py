@@ -15,6 +15,7 @@ from autellix_vllm.cli import main
 from autellix_vllm.cli import ps as ps_cli
 from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.programs import ProgramTable
+from local_http import serving
 from router_http import request
 
 DEAD_ENGINE = "http://127.0.0.1:9"  # nothing listens: the program API needs no engine
@@ -96,14 +97,8 @@ async def engine_like_server():
 
     app = web.Application()
     app.router.add_get("/health", health)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving(web.AppRunner(app, access_log=None)) as url:
+        yield url
 
 
 async def test_ps_names_a_wrong_key_an_engine_url_and_a_missing_scheme(start_router, capsys):
