@@ -98,7 +98,7 @@ XARGS_FIELD = "vllm_xargs"
 SESSION_ID_FIELD = "session_id"
 AGENT_HINT_FIELD = "agent_hint"
 MAIN_THREAD_ID = "main"
-"""The thread a call without a thread id runs on (``policy.table.MAIN_THREAD``)."""
+"""The thread a call without a thread id runs on (the policy's table too)."""
 
 # vllm_xargs key -> its header, as spelled on the wire.
 KEY_TO_HEADER: dict[str, str] = {

@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol import MAIN_THREAD_ID as MAIN_THREAD
 from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
 from .config import DEFAULT_LIMITS, ProgramLimits
-
-MAIN_THREAD = "main"
 
 
 class CallState(enum.Enum):
