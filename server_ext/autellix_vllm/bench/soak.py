@@ -446,6 +446,13 @@ class HonestAgents:
     # Ids of the programs running now: the misbehaving client's victims.
     live: set[str] = field(default_factory=set)
 
+    async def wait_for_live(self, within_s: float) -> None:
+        """Return once a program runs, or after ``within_s`` (the agents arrive one
+        at a time, so a round of the misbehaving client may fall between two)."""
+        deadline = time.monotonic() + within_s
+        while not self.live and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
     async def ask(self, prompt: str) -> str:
         answer = await self.client.chat.completions.create(
             model=self.model,
@@ -671,6 +678,7 @@ class Mallory:
         return headers, body
 
     async def forge(self, own: str) -> None:
+        await self.honest.wait_for_live(within_s=MISBEHAVE_EVERY_S)
         victim = self.rng.choice(sorted(self.honest.live)) if self.honest.live else None
         if victim is not None:
             headers, body = self.forged_call(victim)
