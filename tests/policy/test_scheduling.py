@@ -215,6 +215,28 @@ def test_autellix_is_plas_on_one_thread_and_atlas_on_many():
     assert multi.add_call("z", "q", now_s=0.0).base == 40.0  # critical path, not 70
 
 
+def test_autellix_kv_ranks_fork_join_programs_by_total_service():
+    """Under residency a wide program's threads share its seats and KV: it ranks by
+    everything its threads attained, not by its critical path as under autellix."""
+    ranks = {}
+    for name in ("autellix", "autellix-kv"):
+        core = make(make_policy(name))
+        threads = []  # three threads in flight together
+        for i, tokens in enumerate((30, 40, 40)):
+            thread = {"thread_id": f"t{i}", "parent_thread_id": "main"}
+            call = core.add_call(f"c{i}", "q", now_s=0.0, **thread)
+            core.enqueue(call)
+            core.start(call)
+            core.charge(call, decode_tokens=tokens)
+            threads.append(call)
+        for call in threads:
+            core.finish(call, now_s=1.0)
+        next_call = core.add_call("z", "q", now_s=2.0)
+        ranks[name] = (next_call.base, next_call.level, core.program_level(core.table.get("q")))
+    assert ranks["autellix"] == (40.0, 1, 1)  # the longest thread
+    assert ranks["autellix-kv"] == (110.0, 2, 2)  # all three
+
+
 def test_prior_service_raises_plas_priority():
     core = make(PLAS())
     call = core.add_call("c", "p", now_s=0.0, prior_service=150.0)

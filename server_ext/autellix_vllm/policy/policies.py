@@ -173,9 +173,18 @@ class Autellix(ATLAS):
         return max(program.critical_path, program.attained_service)
 
 
-class AutellixKV(Autellix):
-    """Autellix's order, with the engine's KV managed by program (policy.residency):
-    idle contexts held by rank, admission by working set, cheap victims first."""
+class AutellixKV(PLAS):
+    """PLAS for every program, with the engine's KV managed by program
+    (policy.residency): idle contexts held by rank, admission by working set,
+    cheap victims first.
+
+    Fork/join programs rank by their total service too, not by their critical
+    path (ATLAS): holds and the working set are per program, and a wide program's
+    threads take seats and KV together, so what a program has taken from the
+    engine is the sum over its threads. Ranked by critical path, a tree search
+    with dozens of calls in flight keeps the rank of a short program and fills
+    the batch ahead of them (docs/scheduling.md, "KV residency").
+    """
 
     name = "autellix-kv"
     kv_aware = True
