@@ -237,6 +237,30 @@ def test_autellix_kv_ranks_fork_join_programs_by_total_service():
     assert ranks["autellix-kv"] == (110.0, 2, 2)  # all three
 
 
+def test_autellix_kv_serves_a_level_in_the_order_its_programs_entered_it():
+    """A program back from a tool keeps its place in its level under autellix-kv;
+    under autellix its call queues behind programs that came later."""
+    for name, order in (("autellix", ["b1", "a2"]), ("autellix-kv", ["a2", "b1"])):
+        core = make(make_policy(name))
+        run_call(core, "a1", "a", 5)  # a enters level 0 first and stays there (5 < 10)
+        core.enqueue(core.add_call("b1", "b", now_s=1.0))
+        core.enqueue(core.add_call("a2", "a", now_s=2.0))
+        assert [call.call_id for call in core.waiting.best(2)] == order, name
+
+
+def test_autellix_kv_a_promoted_call_joins_the_tail_of_the_top_level():
+    core = make(make_policy("autellix-kv"), beta=2.0)
+    run_call(core, "p1", "p", 50)  # p entered level 0 first, and is in level 1 now
+    core.enqueue(core.add_call("q1", "q", now_s=0.0))
+    starving = core.add_call("p2", "p", now_s=0.0)
+    core.enqueue(starving)
+    core.advance(now_s=0.0, steps=100)  # waited 100 = beta * service
+    assert starving.level == 0 and starving.promotions == 1
+    # Not at p's old place in level 0, ahead of q, but after q: promotion bounds a
+    # wait, it does not jump a queue.
+    assert [call.call_id for call in core.waiting.best(2)] == ["q1", "p2"]
+
+
 def test_prior_service_raises_plas_priority():
     core = make(PLAS())
     call = core.add_call("c", "p", now_s=0.0, prior_service=150.0)

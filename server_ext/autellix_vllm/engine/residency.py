@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 from autellix_vllm.engine import _vllm_adapter as adapter
 from autellix_vllm.engine._vllm_adapter import Request, Scheduler
-from autellix_vllm.policy import Call, ProgramScheduler
+from autellix_vllm.policy import Call, ProgramScheduler, Rank
 from autellix_vllm.policy.residency import Residency, undo_cost
 
 
@@ -124,7 +124,7 @@ class EngineResidency:
         def cost(call: Call) -> float:
             return undo_cost(adapter.computed_tokens(call.payload))
 
-        def key(request: Request) -> tuple[int, float, tuple[float, int]]:
+        def key(request: Request) -> tuple[int, float, Rank]:
             return Residency.victim_key(calls[request.request_id], rank, cost)
 
         adapter.set_kv_victim_order(sorted(running, key=key, reverse=True))

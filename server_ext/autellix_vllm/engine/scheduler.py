@@ -57,7 +57,7 @@ from autellix_vllm.engine._vllm_adapter import (
 )
 from autellix_vllm.engine.residency import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
-from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler
+from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler, Rank
 from autellix_vllm.policy.residency import SKIPPED_WAITERS
 
 logger = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class AutellixSchedulerMixin:
         self.kv_preemptions += self.core.counters.preemptions - preemptions
         return output
 
-    def _rank(self, request: Request) -> tuple[float, int]:
+    def _rank(self, request: Request) -> Rank:
         return self.core.rank(self.calls[request.request_id])
 
     def _preempt_for_waiters(self, now: float) -> None:

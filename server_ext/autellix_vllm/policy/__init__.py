@@ -53,7 +53,7 @@ from .routing import (
     Route,
     make_balancer,
 )
-from .table import MAIN_THREAD, Call, CallState, ProcessTable, Program, Thread
+from .table import MAIN_THREAD, Call, CallState, ProcessTable, Program, Rank, Thread
 
 __all__ = [
     "ANONYMOUS_PREFIX",
@@ -85,6 +85,7 @@ __all__ = [
     "ProgramLimits",
     "Program",
     "ProgramScheduler",
+    "Rank",
     "ResidencyConfig",
     "RoundRobin",
     "Route",

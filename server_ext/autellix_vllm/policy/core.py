@@ -38,7 +38,7 @@ from .faults import Faults
 from .policies import Policy
 from .queue import WaitQueue
 from .residency import SKIPPED_WAITERS
-from .table import Call, CallState, ProcessTable, Program
+from .table import Call, CallState, ProcessTable, Program, Rank
 
 # The table is swept for idle programs at most this often (seconds).
 _EVICT_INTERVAL_S = 1.0
@@ -158,10 +158,10 @@ class ProgramScheduler:
         """Give a placed call its level and count it in flight."""
         call.prompt_tokens = prompt_tokens
         call.payload = payload
-        call.seq = next(self._seq)
         if self.policy.uses_levels:
             call.level = self.levels.level_of(call.base)
             call.quantum_left = self.levels.quanta[call.level]
+        self._enter_level(call)
         call.program.active_calls[id(call)] = call
         call.thread.active_calls += 1
         call.thread.calls += 1
@@ -192,7 +192,7 @@ class ProgramScheduler:
             self.faults.record("program_base", error, "the program ranks last")
             return self._last_level
 
-    def rank(self, call: Call) -> tuple[float, int]:
+    def rank(self, call: Call) -> Rank:
         """The policy's rank for ``call``; if it fails, the call ranks by its level."""
         try:
             return self.policy.rank(call)
@@ -266,9 +266,15 @@ class ProgramScheduler:
         while call.quantum_left <= 0 and call.level < self._last_level:
             call.level += 1
             call.quantum_left += self.levels.quanta[call.level]
-            call.seq = next(self._seq)  # it joins the tail of its new level
+            self._enter_level(call)
             self.counters.demotions += 1
             self.waiting.rerank(call, self.rank(call))
+
+    def _enter_level(self, call: Call) -> None:
+        """``call`` joins the tail of its level; its program keeps the place its first
+        call to enter that level took."""
+        call.seq = next(self._seq)
+        call.program_seq = call.program.level_entries.setdefault(call.level, call.seq)
 
     def next_demotion(self, call: Call) -> float:
         """Service ``call`` can still attain before its next demotion (inf if none)."""
@@ -424,7 +430,7 @@ class ProgramScheduler:
         """Move a starving call to the top level; only the call's counters reset."""
         call.level = 0
         call.quantum_left = self.levels.quanta[0]
-        call.seq = next(self._seq)
+        call.seq = call.program_seq = next(self._seq)  # the tail, whatever its program
         call.total_wait += self.clock - (call.wait_started or self.clock)
         call.wait_started = self.clock
         call.starve_wait = 0.0

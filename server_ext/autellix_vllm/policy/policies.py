@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from ..registry import lookup
 from .config import AtlasVariant
-from .table import Call, Program
+from .table import Call, Program, Rank
 
 # A program's remaining work, known only to a simulator that knows its future.
 Remaining = Callable[[Program], float]
@@ -64,7 +64,7 @@ class Policy(ABC):
     def complete(self, call: Call, charged: float) -> None:  # noqa: B027 - optional hook
         """A call finished after being charged ``charged`` new service."""
 
-    def rank(self, call: Call) -> tuple[float, int]:
+    def rank(self, call: Call) -> Rank:
         return (call.level, call.seq)
 
     def outranks(self, waiter: Call, victim: Call) -> bool:
@@ -85,7 +85,7 @@ class FCFS(Policy):
     def base(self, call: Call) -> float:
         return 0.0
 
-    def rank(self, call: Call) -> tuple[float, int]:
+    def rank(self, call: Call) -> Rank:
         return (0, call.seq)
 
     def outranks(self, waiter: Call, victim: Call) -> bool:
@@ -189,6 +189,13 @@ class AutellixKV(PLAS):
     name = "autellix-kv"
     kv_aware = True
 
+    def rank(self, call: Call) -> Rank:
+        # Within a level, programs in the order they entered it: a program's next call
+        # (after a tool) keeps its program's place instead of queueing behind
+        # programs that came later, so programs finish in turn instead of sharing
+        # the engine round-robin, and the working set turns over less.
+        return (call.level, call.program_seq, call.seq)
+
 
 class SRPT(Policy):
     """Clairvoyant oracle: shortest remaining program work first (simulator only).
@@ -213,7 +220,7 @@ class SRPT(Policy):
     def base(self, call: Call) -> float:
         return 0.0
 
-    def rank(self, call: Call) -> tuple[float, int]:
+    def rank(self, call: Call) -> Rank:
         return (self.remaining(call.program), call.seq)
 
     def outranks(self, waiter: Call, victim: Call) -> bool:

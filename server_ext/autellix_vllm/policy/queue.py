@@ -11,9 +11,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from .table import Call
+from .table import Call, Rank
 
-_Entry = tuple[tuple[float, int], int, Call]
+_Entry = tuple[Rank, int, Call]
 
 
 class WaitQueue:
@@ -30,14 +30,14 @@ class WaitQueue:
     def __contains__(self, call: Call) -> bool:
         return call.queued
 
-    def push(self, call: Call, rank: tuple[float, int]) -> None:
+    def push(self, call: Call, rank: Rank) -> None:
         if call.queued:
             raise ValueError(f"call {call.call_id} is already queued")
         call.queued = True
         self._size += 1
         self._push_entry(call, rank)
 
-    def rerank(self, call: Call, rank: tuple[float, int]) -> None:
+    def rerank(self, call: Call, rank: Rank) -> None:
         """Move a queued call to its new rank."""
         if call.queued:
             self._push_entry(call, rank)
@@ -90,7 +90,7 @@ class WaitQueue:
         live = [e for e in self._heap if e[2].queued and e[1] == e[2].queue_version]
         return (call for _, _, call in sorted(live, key=lambda e: e[0]))
 
-    def _push_entry(self, call: Call, rank: tuple[float, int]) -> None:
+    def _push_entry(self, call: Call, rank: Rank) -> None:
         call.queue_version += 1
         heapq.heappush(self._heap, (rank, call.queue_version, call))
         self._maybe_compact()

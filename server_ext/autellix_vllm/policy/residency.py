@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .config import ResidencyConfig
-from .table import Call, Program
+from .table import Call, Program, Rank
 
 # How many waiting calls outside the working set admission looks past in a step
 # (they are skipped, not evicted for); bounds the cost of a step.
@@ -245,7 +245,7 @@ class Residency:
     @staticmethod
     def victim(
         running: Iterable[Call],
-        rank: Callable[[Call], tuple[float, int]],
+        rank: Callable[[Call], Rank],
         undo_cost: Callable[[Call], float],
     ) -> Call:
         """The running call to preempt when KV runs out: the worst level first (the
@@ -255,9 +255,9 @@ class Residency:
     @staticmethod
     def victim_key(
         call: Call,
-        rank: Callable[[Call], tuple[float, int]],
+        rank: Callable[[Call], Rank],
         undo_cost: Callable[[Call], float],
-    ) -> tuple[int, float, tuple[float, int]]:
+    ) -> tuple[int, float, Rank]:
         """Orders running calls for preemption when KV runs out (:meth:`victim`): the
         greatest key goes first. An engine that preempts by its own rule (vLLM) sorts
         its running calls by it."""

@@ -21,6 +21,10 @@ from ..protocol import MAIN_THREAD_ID as MAIN_THREAD
 from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
 from .config import DEFAULT_LIMITS, ProgramLimits
 
+# A call's place in the wait queue, compared as a tuple: smaller is better. It ends
+# with the call's unique seq, so no two calls tie.
+Rank = tuple[float, ...]
+
 
 class CallState(enum.Enum):
     NEW = "new"
@@ -99,6 +103,9 @@ class Program:
     call_records: RecentMap[CallRecord] = field(
         default_factory=lambda: RecentMap(CHARGED_CALLS_KEPT)
     )
+    # Level -> seq of its first call to enter that level (policies that order a
+    # level by program).
+    level_entries: dict[int, int] = field(default_factory=dict)
 
     @property
     def multi_threaded(self) -> bool:
@@ -215,6 +222,8 @@ class Call:
     quantum_left: float = 0.0
     # Order of entry into its level (FIFO within a level); arrival order under FCFS.
     seq: int = 0
+    # Its program's order of entry into the call's level (Program.level_entries).
+    program_seq: int = 0
     # Anti-starvation counters, reset when the call is promoted.
     starve_wait: float = 0.0
     starve_service: float = 0.0
