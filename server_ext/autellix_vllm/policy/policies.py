@@ -183,7 +183,9 @@ class AutellixKV(PLAS):
     threads take seats and KV together, so what a program has taken from the
     engine is the sum over its threads. Ranked by critical path, a tree search
     with dozens of calls in flight keeps the rank of a short program and fills
-    the batch ahead of them (docs/scheduling.md, "KV residency").
+    the batch ahead of short programs (docs/scheduling.md, "KV residency").
+
+    ``critical_path`` is not tracked (it stays 0 in the process table).
     """
 
     name = "autellix-kv"
