@@ -17,6 +17,16 @@ from contextlib import AbstractContextManager, contextmanager
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def fresh_sdk_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a new process would: no SDK warning given yet, and no
+    server remembered as plain (a later test's server may get the same port)."""
+    from autellix import _once, _programs_api
+
+    monkeypatch.setattr(_once, "_warned", set())
+    monkeypatch.setattr(_programs_api, "_plain_servers", {})
+
+
 @pytest.fixture(scope="session")
 def running_engine(
     tmp_path_factory: pytest.TempPathFactory,

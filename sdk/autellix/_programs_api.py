@@ -9,13 +9,16 @@ the openai client itself, so they use its connection pool, its auth header
 
 A server that answers 404 to the open call is a plain OpenAI-compatible server:
 it is remembered, warned about once per process (however many programs were
-opening at the time), and the program runs with local ids.
+opening at the time), and the program runs with local ids. It is asked again
+after `PLAIN_SERVER_RECHECK_SECONDS`: an autellix server may have replaced it
+at the same address since.
 Ending a program is best effort: one attempt, a short timeout, never an error.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import openai
@@ -27,9 +30,10 @@ log = logging.getLogger("autellix")
 PROGRAMS_PATH = "/autellix/v1/programs"
 OPEN_TIMEOUT_SECONDS = 10.0
 END_TIMEOUT_SECONDS = 2.0
+PLAIN_SERVER_RECHECK_SECONDS = 60.0
 
-_plain_servers: set[str] = set()
-"""Program URLs that answered 404: not autellix servers, never asked again."""
+_plain_servers: dict[str, float] = {}
+"""Program URLs that answered 404, and when (`time.monotonic()`)."""
 
 
 def programs_url(client: openai.OpenAI | openai.AsyncOpenAI) -> str:
@@ -42,7 +46,7 @@ def programs_url(client: openai.OpenAI | openai.AsyncOpenAI) -> str:
 async def open_program(client: openai.AsyncOpenAI, name: str | None) -> str | None:
     """Open a program on `client`'s server; None when the server has no program API."""
     url = programs_url(client)
-    if url in _plain_servers:
+    if _known_plain(url):
         return None
     try:
         answer = await client.post(url, cast_to=object, **_open_arguments(name))
@@ -55,7 +59,7 @@ async def open_program(client: openai.AsyncOpenAI, name: str | None) -> str | No
 def open_program_blocking(client: openai.OpenAI, name: str | None) -> str | None:
     """The blocking twin of `open_program`, for sync programs."""
     url = programs_url(client)
-    if url in _plain_servers:
+    if _known_plain(url):
         return None
     try:
         answer = client.post(url, cast_to=object, **_open_arguments(name))
@@ -100,8 +104,14 @@ def _program_id_from(answer: object) -> str:
     return answer["program_id"]
 
 
+def _known_plain(url: str) -> bool:
+    """Whether `url` answered 404 within the last `PLAIN_SERVER_RECHECK_SECONDS`."""
+    since = _plain_servers.get(url)
+    return since is not None and time.monotonic() - since < PLAIN_SERVER_RECHECK_SECONDS
+
+
 def _remember_plain_server(url: str) -> None:
-    _plain_servers.add(url)
+    _plain_servers[url] = time.monotonic()
     warn_once(
         f"plain-server {url}",
         "autellix: %s answered 404, so this is a plain OpenAI-compatible server; "

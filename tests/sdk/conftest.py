@@ -6,17 +6,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import autellix
 import pytest
-from autellix import _once
 from fake_server import FakeOpenAIServer
 
 # Short backoffs keep retry tests fast; the policy is otherwise the default one.
 FAST_RETRIES = {"retry_backoff_seconds": 0.01, "retry_max_seconds": 5.0}
-
-
-@pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts as a new process would: no warning given yet."""
-    monkeypatch.setattr(_once, "_warned", set())
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 
 import autellix
 import pytest
-from autellix import _client
+from autellix import _client, _programs_api
 from fake_server import FakeOpenAIServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -184,6 +184,30 @@ async def test_server_without_program_api_falls_back_to_local_ids_and_warns_once
         ("POST", "/autellix/v1/programs")  # the later program does not ask; no end calls
     ] * 2
     assert len([r for r in caplog.records if "404" in r.getMessage()]) == 1
+
+
+async def test_a_plain_server_is_asked_again_after_the_recheck_time(
+    server: FakeOpenAIServer, client: autellix.AsyncOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An autellix server that replaced a plain one at the same address gets its
+    programs once the plain answer is older than the recheck time."""
+    server.state.programs_api = False
+
+    @autellix.program
+    async def agent() -> str | None:
+        await ask(client)
+        return autellix.current_program()
+
+    assert (await agent() or "").startswith("local-")
+    server.state.programs_api = True
+    assert (await agent() or "").startswith("local-")  # within the recheck time: not asked
+    monkeypatch.setattr(_programs_api, "PLAIN_SERVER_RECHECK_SECONDS", 0.0)
+    assert await agent() == "prog-1"
+    assert [r.path for r in server.program_calls()] == [
+        "/autellix/v1/programs",  # the 404
+        "/autellix/v1/programs",  # the recheck, answered
+        "/autellix/v1/programs/prog-1",  # its end
+    ]
 
 
 async def test_unreachable_server_at_program_end_does_not_fail_the_agent(
