@@ -80,6 +80,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix bench engine --quick --schedulers vllm,autellix --json": (PARSE, _ENGINE),
     "autellix bench engine --quick --schedulers vllm,vllm --json": (PARSE, _ENGINE),
     "autellix bench fidelity --quick --json": (PARSE, "starts two engines: about 6 minutes"),
+    "autellix bench fidelity --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --policy autellix-kv --json": (PARSE, "starts two engines: about 6 minutes"),
     "autellix bench scheduler --json": (PARSE, _VLLM_MINUTE),
     "autellix bench router-overhead --json": (PARSE, "a benchmark of 20 s and more"),
     "autellix bench router --json": (PARSE, _ENGINE),
