@@ -95,7 +95,7 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     ' print(ensure_smollm2())")': (PARSE, "converts the model when not cached"),
     "autellix engine --model $M --served-model-name smollm2 --port 8000 -- --dtype bfloat16 &": (
         PARSE, _ENGINE),
-    "python - <<'PY'": (PARSE, "needs the engine above"),
+    "python - <<'PY'": (PARSE, "a script: an engine's measurement or a patched simulation"),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --policies"
     " vllm-opt,mlfq,autellix,srpt --workers 1 --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 202"
