@@ -445,6 +445,10 @@ class HonestAgents:
     failure_times: list[tuple[float, str]] = field(default_factory=list)
     # Ids of the programs running now: the misbehaving client's victims.
     live: set[str] = field(default_factory=set)
+    # Reads a program's engine rows; called once per program, after its first
+    # answer, when the engine has charged that call and the program has not ended.
+    look_up: Callable[[list[str]], Awaitable[None]] | None = None
+    looked_up: set[str] = field(default_factory=set)
 
     async def wait_for_live(self, within_s: float) -> None:
         """Return once a program runs, or after ``within_s`` (the agents arrive one
@@ -460,7 +464,14 @@ class HonestAgents:
             max_tokens=self.max_tokens,
         )
         self.calls += 1
+        await self._look_up_once()
         return answer.choices[0].message.content or ""
+
+    async def _look_up_once(self) -> None:
+        program_id = current_program()
+        if self.look_up is not None and program_id and program_id not in self.looked_up:
+            self.looked_up.add(program_id)
+            await self.look_up([program_id])
 
     async def ask_streamed(self, prompt: str) -> str:
         stream = await self.client.chat.completions.create(
@@ -585,12 +596,19 @@ class EngineTables:
     forged: set[str] = field(default_factory=set)
     largest_service: float = 0.0
     scans: int = 0
+    lookups: int = 0
 
-    async def scan(self) -> None:
+    async def scan(self, program_ids: list[str] | None = None) -> None:
+        """Read every engine's whole table, or only ``program_ids``' rows."""
         headers = {"Authorization": f"Bearer {self.engine_key}"}
         for url in list(self.engine_urls.values()):
+            if program_ids is None:
+                reading = self.http.get(url + ENGINE_TABLE_PATH, headers=headers)
+            else:
+                body = {"program_ids": program_ids}
+                reading = self.http.post(url + ENGINE_TABLE_PATH, headers=headers, json=body)
             try:
-                async with self.http.get(url + ENGINE_TABLE_PATH, headers=headers) as answer:
+                async with reading as answer:
                     table = await answer.json() if answer.status == 200 else {}
             except (aiohttp.ClientError, ValueError):
                 continue  # the killed engine, until it is back
@@ -600,7 +618,10 @@ class EngineTables:
                     self.forged.add(row["program_id"])
                 else:
                     self.largest_service = max(self.largest_service, service)
-        self.scans += 1
+        if program_ids is None:
+            self.scans += 1
+        else:
+            self.lookups += 1
 
 
 @dataclass
@@ -875,8 +896,10 @@ class Soak:
             client = AsyncOpenAI(
                 base_url=self.served.url + "/v1", api_key=self.keys.alice, timeout=120
             )
-            self.honest = HonestAgents(client, model, self.settings.max_tokens)
             self.tables = EngineTables(http, self.served.engine_urls, self.keys.engine)
+            self.honest = HonestAgents(
+                client, model, self.settings.max_tokens, look_up=self.tables.scan
+            )
             self.mallory = Mallory(
                 http=http,
                 served=self.served,
@@ -1015,6 +1038,7 @@ class Soak:
             "misbehaviour_unexpected": unexpected,
             "misbehaviour": {kind: tally.summary() for kind, tally in mallory.tallies.items()},
             "engine_table_scans": self.tables.scans,
+            "engine_table_lookups": self.tables.lookups,
             "largest_honest_service": round(self.tables.largest_service, 1),
             **metrics,
             "serve_pid": self.served.process.pid,
