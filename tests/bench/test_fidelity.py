@@ -38,6 +38,8 @@ def test_the_comparison_reports_median_errors_and_both_ratios():
     sim_ratio = simulated_avg["fcfs"] / simulated_avg["autellix"]
     assert result["ratio"] == pytest.approx({"engine": sim_ratio * 1.25 / 0.8, "sim": sim_ratio})
     assert result["avg_latency_per_token_s"]["sim"] == pytest.approx(simulated_avg)
+    assert set(result["counts"]["sim"]) == {"fcfs", "autellix"}
+    assert 0 <= result["counts"]["sim"]["fcfs"]["prefix_cache_hit_rate"] <= 1
     first = result["program_latency_s"][programs[0].program_id]
     assert first["fcfs"]["engine"] == pytest.approx(first["fcfs"]["sim"] * 1.25, abs=0.002)
 
@@ -54,6 +56,22 @@ def test_the_preset_is_scaled_to_the_speed_the_engine_probed():
     assert tiny.slowed(2.0).step_time(3, 100, 50) == pytest.approx(2 * tiny.step_time(3, 100, 50))
     with pytest.raises(ValueError):
         tiny.slowed(0.0)
+
+
+def test_the_simulator_runs_the_engines_policy_on_the_engines_kv(monkeypatch):
+    monkeypatch.delenv("AUTELLIX_POLICY", raising=False)
+    plain = FidelitySettings.for_bench(BenchSettings(model="tiny"))
+    assert plain.sim_policies == {"fcfs": "vllm-opt", "autellix": "autellix"}
+    assert plain.engine_preset() == get_preset("cpu-tiny")
+    capped = FidelitySettings.for_bench(
+        BenchSettings(model="smollm2", kv_blocks=96, policy="autellix-kv")
+    )
+    assert capped.sim_policies == {"fcfs": "vllm-opt", "autellix": "autellix-kv"}
+    assert capped.engine_preset().kv_blocks == 96
+    assert capped.engine_preset(2.0).per_prefill == 2 * get_preset("cpu-smollm2").per_prefill
+    # Without --policy the engine runs $AUTELLIX_POLICY's, and so does the simulator.
+    monkeypatch.setenv("AUTELLIX_POLICY", "autellix-kv")
+    assert FidelitySettings.for_bench(BenchSettings()).policy == "autellix-kv"
 
 
 def test_a_preset_is_needed_and_must_exist():

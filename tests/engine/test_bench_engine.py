@@ -15,6 +15,7 @@ from autellix_vllm.bench.engine import (
     spread,
     summarize,
 )
+from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.tiny_model import SPECIAL_TOKENS
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec, write_trace
 
@@ -131,14 +132,21 @@ async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine)
         "bench-replay",
         0.0,
         (
-            CallSpec("root", 5, 20),
-            CallSpec("left", 3, 30, thread="l", parent_thread="main", after=("root",)),
-            CallSpec("right", 4, 30, thread="r", parent_thread="main", after=("root",)),
-            CallSpec("join", 2, 40, after=("left", "right"), tool_gap=0.05),
+            CallSpec("root", 5, 150),
+            CallSpec("left", 3, 170, thread="l", parent_thread="main", after=("root",)),
+            CallSpec("right", 4, 170, thread="r", parent_thread="main", after=("root",)),
+            CallSpec("join", 2, 200, after=("left", "right"), tool_gap=0.05),
         ),
     )
     settings = BenchSettings(model="tiny")
+    before = read_counters([engine.base_url])
     # The replay checks that the engine counted each prompt's tokens as sent.
     (result,) = await replay(engine.base_url, engine.served_model_name, [program], settings)
     assert result.calls == 4 and result.decode_tokens == 14
     assert result.latency_s > 0.05
+    # vLLM's own counters saw the four prompts, and found the children's and the
+    # join's first block (the CPU build's 128 tokens, of the root's 150) cached.
+    counted = counted_between(before, read_counters([engine.base_url]))
+    assert counted["prefix_cache_queries"] == 150 + 170 + 170 + 200
+    assert counted["prefix_cache_hits"] >= 3 * 128
+    assert 0 < counted["prefix_cache_hit_rate"] < 1

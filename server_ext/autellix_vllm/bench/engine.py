@@ -27,7 +27,9 @@ scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
 
 The metric is the paper's: program latency per token = program wall time
 (arrival to last completion) / the program's decoded tokens, averaged over
-programs and at the 95th percentile.
+programs and at the 95th percentile. Each run also reports vLLM's own counts of
+preemptions and prefix-cache hits over the replay (``vllm``), the same for both
+schedulers.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Any
 
 import aiohttp
 
+from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.engine.models import resolve_model
 from autellix_vllm.policy import PolicyConfig
@@ -395,12 +398,15 @@ async def _measure(
     settings: BenchSettings,
     vocabulary: PromptVocabulary,
 ) -> EngineRun:
+    counters_before = await asyncio.to_thread(read_counters, [engine.base_url])
     started = time.monotonic()
     results = await replay(
         engine.base_url, engine.served_model_name, programs, settings, vocabulary
     )
     summary = {"scheduler": engine.config.scheduler}
     summary.update(summarize(results, time.monotonic() - started))
+    counters_after = await asyncio.to_thread(read_counters, [engine.base_url])
+    summary["vllm"] = counted_between(counters_before, counters_after)
     table = await _table(engine.base_url)
     if table.get("enabled"):
         for counter in ("preemptions", "kv_preemptions", "promotions", "demotions"):

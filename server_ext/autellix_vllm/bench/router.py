@@ -27,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from autellix_vllm.bench.engine import (
     BenchSettings,
@@ -44,12 +45,12 @@ from autellix_vllm.bench.engine import (
     summarize,
 )
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
+from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.cli.ps import fetch_table
 from autellix_vllm.engine.launcher import EngineProcess, start_all, stop_all
 from autellix_vllm.workloads.trace import ProgramSpec
 
 POLICIES = ("round-robin", "locality")
-_PREFIX_CACHE = re.compile(r"^vllm:prefix_cache_(queries|hits)_total(?:\{[^}]*\})? (\S+)$", re.M)
 
 
 def router_bench_settings(**overrides: Any) -> BenchSettings:
@@ -153,37 +154,31 @@ async def _measure(
 ) -> dict[str, Any]:
     # Fresh ids, hence fresh transcripts: nothing cached by the other policy's run helps.
     renamed = [replace(p, program_id=f"{policy}/{p.program_id}") for p in programs]
-    cache_before = await asyncio.to_thread(_prefix_cache, upstreams)
+    counters_before = await asyncio.to_thread(read_counters, upstreams)
     began = time.monotonic()
     # From the router: engines with a key answer /v1/models only to its holder.
     model = (await asyncio.to_thread(_get_json, router_url + "/v1/models"))["data"][0]["id"]
     results = await replay(router_url, model, renamed, settings)
     summary = summarize(results, time.monotonic() - began)
-    cache_after = await asyncio.to_thread(_prefix_cache, upstreams)
+    counters_after = await asyncio.to_thread(read_counters, upstreams)
     table = await asyncio.to_thread(fetch_table, router_url, None)  # every page
     metrics = await asyncio.to_thread(_get_text, router_url + "/metrics")
-    queries = cache_after["queries"] - cache_before["queries"]
-    hits = cache_after["hits"] - cache_before["hits"]
-    summary["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries else None
+    counted = counted_between(counters_before, counters_after)
+    summary["prefix_cache_hit_rate"] = counted["prefix_cache_hit_rate"]
     summary["calls_by_reason"] = _calls_by_reason(metrics)
     summary["programs_on_one_engine"] = sum(1 for p in table["programs"] if len(p["engines"]) == 1)
     return summary
 
 
-def _prefix_cache(upstreams: list[str]) -> dict[str, float]:
-    totals = {"queries": 0.0, "hits": 0.0}
-    for url in upstreams:
-        for kind, value in _PREFIX_CACHE.findall(_get_text(url + "/metrics")):
-            totals[kind] += float(value)
-    return totals
-
-
 def _calls_by_reason(metrics: str) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for reason, value in re.findall(
-        r'^autellix_router_calls_total\{[^}]*reason="([^"]+)"[^}]*\} (\S+)$', metrics, re.M
-    ):
-        counts[reason] = counts.get(reason, 0) + int(float(value))
+    for family in text_string_to_metric_families(metrics):
+        if family.name != "autellix_router_calls":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and "reason" in sample.labels:
+                reason = sample.labels["reason"]
+                counts[reason] = counts.get(reason, 0) + int(sample.value)
     return counts
 
 
