@@ -3,6 +3,7 @@ run is `autellix bench engine`, too slow for the test suite)."""
 
 import json
 
+import aiohttp
 import pytest
 from autellix_vllm.bench.engine import (
     BenchSettings,
@@ -17,6 +18,7 @@ from autellix_vllm.bench.engine import (
 )
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.tiny_model import SPECIAL_TOKENS
+from autellix_vllm.protocol import ENGINE_PROGRAM_PATH, ENGINE_TABLE_PATH
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec, write_trace
 
 
@@ -141,7 +143,10 @@ async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine)
     settings = BenchSettings(model="tiny")
     before = read_counters([engine.base_url])
     # The replay checks that the engine counted each prompt's tokens as sent.
-    (result,) = await replay(engine.base_url, engine.served_model_name, [program], settings)
+    (result,) = await replay(
+        engine.base_url, engine.served_model_name, [program], settings,
+        end_path=ENGINE_PROGRAM_PATH,
+    )  # fmt: skip
     assert result.calls == 4 and result.decode_tokens == 14
     assert result.latency_s > 0.05
     # vLLM's own counters saw the four prompts, and found the children's and the
@@ -150,3 +155,8 @@ async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine)
     assert counted["prefix_cache_queries"] == 150 + 170 + 170 + 200
     assert counted["prefix_cache_hits"] >= 3 * 128
     assert 0 < counted["prefix_cache_hit_rate"] < 1
+    # And the program was ended after its last call, as the SDK ends one.
+    async with aiohttp.ClientSession() as http:
+        query = {"program_ids": ["bench-replay"]}
+        async with http.post(engine.base_url + ENGINE_TABLE_PATH, json=query) as answer:
+            assert (await answer.json())["programs"] == []

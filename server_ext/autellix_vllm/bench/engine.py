@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -49,7 +50,15 @@ from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.engine.models import resolve_model
 from autellix_vllm.policy import PolicyConfig
-from autellix_vllm.protocol import COMPLETIONS_PATH, ENGINE_TABLE_PATH
+from autellix_vllm.protocol import (
+    CALL_ID_HEADER,
+    COMPLETIONS_PATH,
+    ENGINE_PROGRAM_PATH,
+    ENGINE_TABLE_PATH,
+    PARENT_THREAD_ID_HEADER,
+    PROGRAM_ID_HEADER,
+    THREAD_ID_HEADER,
+)
 from autellix_vllm.stats import percentile
 from autellix_vllm.workloads import at_rate, generate, get_workload, load_trace
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
@@ -256,9 +265,13 @@ async def replay(
     programs: list[ProgramSpec],
     settings: BenchSettings,
     vocabulary: PromptVocabulary | None = None,
+    end_path: str | None = None,
 ) -> list[ProgramResult]:
     """Run every program (its calls in dependency order) and time it. Prompts come
-    from ``vocabulary`` (default: that of ``settings.model``)."""
+    from ``vocabulary`` (default: that of ``settings.model``). With ``end_path``
+    (a path with ``{program_id}``), each program is ended there by a ``DELETE``
+    after its last call, as the SDK ends a program when it returns: a KV-aware
+    engine then drops the program's held context at once."""
     vocabulary = vocabulary or PromptVocabulary.for_model(settings.model)
     timeout = aiohttp.ClientTimeout(total=settings.call_timeout_s)
     # vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; a
@@ -268,7 +281,7 @@ async def replay(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         start = time.monotonic()
         return await asyncio.gather(
-            *(_run_program(http, base_url, model, p, start, vocabulary) for p in programs)
+            *(_run_program(http, base_url, model, p, start, vocabulary, end_path) for p in programs)
         )
 
 
@@ -279,6 +292,7 @@ async def _run_program(
     program: ProgramSpec,
     start: float,
     vocabulary: PromptVocabulary,
+    end_path: str | None,
 ) -> ProgramResult:
     await asyncio.sleep(max(0.0, start + program.arrival - time.monotonic()))
     arrived = time.monotonic()
@@ -294,12 +308,21 @@ async def _run_program(
         done[call.id].set_result(None)
 
     await asyncio.gather(*(run_call(c) for c in program.calls))
-    return ProgramResult(
+    result = ProgramResult(
         program.program_id,
         calls=len(program.calls),
         decode_tokens=program.decode_tokens,
         latency_s=time.monotonic() - arrived,
     )
+    if end_path is not None:
+        url = base_url + end_path.format(program_id=quote(program.program_id, safe=""))
+        async with http.delete(url) as response:
+            if response.status not in (200, 404):  # 404: already dropped as idle
+                raise RuntimeError(
+                    f"ending {program.program_id} failed with HTTP {response.status}:"
+                    f" {await response.text()}"
+                )
+    return result
 
 
 async def _complete(
@@ -311,12 +334,12 @@ async def _complete(
     prompt: list[int],
 ) -> None:
     headers = {
-        "X-Autellix-Program-Id": program_id,
-        "X-Autellix-Thread-Id": call.thread,
-        "X-Autellix-Call-Id": call.id,
+        PROGRAM_ID_HEADER: program_id,
+        THREAD_ID_HEADER: call.thread,
+        CALL_ID_HEADER: call.id,
     }
     if call.parent_thread:
-        headers["X-Autellix-Parent-Thread-Id"] = call.parent_thread
+        headers[PARENT_THREAD_ID_HEADER] = call.parent_thread
     body = {
         "model": model,
         "prompt": prompt,
@@ -399,9 +422,11 @@ async def _measure(
     vocabulary: PromptVocabulary,
 ) -> EngineRun:
     counters_before = await asyncio.to_thread(read_counters, [engine.base_url])
+    # Programs end as the SDK's do; only the Autellix scheduler keeps programs.
+    end_path = ENGINE_PROGRAM_PATH if engine.config.scheduler == "autellix" else None
     started = time.monotonic()
     results = await replay(
-        engine.base_url, engine.served_model_name, programs, settings, vocabulary
+        engine.base_url, engine.served_model_name, programs, settings, vocabulary, end_path
     )
     summary = {"scheduler": engine.config.scheduler}
     summary.update(summarize(results, time.monotonic() - started))
