@@ -6,17 +6,20 @@ Starts one real engine (stock FCFS scheduling; the tiny random-weight model for
 * the decode step time at batch sizes 1, 2, 4 and 8: b concurrent requests
   decoding 144 tokens minus b decoding 16, over the 128 extra tokens (median of
   three rounds each), fitted as ``step_base + per_decode * b``;
-* the prefill cost per prompt token: the time to the first token of a long
-  prompt minus that of a short one (HTTP and step overheads cancel out), over
-  the difference in length (medians of five prompts no cache holds).
+* the prefill cost: the time to the first token of prompts of 32 to 2,400
+  tokens (medians of five prompts no cache holds), fitted as a constant (HTTP
+  and step overheads) + ``per_prefill`` per prompt token + ``per_prefill_pair``
+  per (token, earlier token it attends to) pair, n(n+1)/2 for n tokens: the
+  attention that makes a long prompt's tokens dearer than a short one's.
 
 * the decode step at 4 sequences whose prompts are ``PROMPT_TOKENS`` long, the
   same way: how much a step's cost grows with the context its decodes attend
   over (``per_context_token``: the extra time over the extra context tokens).
 
 Prompts are token ids from the model's vocabulary, so their lengths are exact.
-Reports, in seconds, the fitted ``step_base``, ``per_decode``, ``per_prefill``
-and ``per_context_token`` that :mod:`autellix_vllm.sim.presets` records.
+Reports, in seconds, the fitted ``step_base``, ``per_decode``, ``per_prefill``,
+``per_prefill_pair`` and ``per_context_token`` that
+:mod:`autellix_vllm.sim.presets` records, and the measured first-token times.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import asyncio
 import statistics
 import time
 
+import numpy as np
 import openai
 
 from autellix_vllm.bench.engine import PromptVocabulary
@@ -33,9 +37,10 @@ from autellix_vllm.engine.launcher import EngineConfig, EngineProcess
 BATCHES = (1, 2, 4, 8)
 CONTEXT_BATCH = 4  # sequences of the long-context decode measurement
 SHORT, LONG = 16, 144  # decode lengths whose difference isolates the decode steps
-PROMPT_TOKENS = 800  # fits the launcher's 1,024-token context with LONG decoded
+PROMPT_TOKENS = 800  # decode context of the long-context step measurement
 SHORT_PROMPT_TOKENS = 2
-SHORT_PREFILL_TOKENS = 32
+PREFILL_LENGTHS = (32, 800, 1600, 2400)  # prompts timed to their first token
+MAX_MODEL_LEN = 2560  # the longest prompt, with room to spare
 
 
 async def batch_time(
@@ -89,9 +94,8 @@ async def measure(base_url: str, model: str, vocabulary: PromptVocabulary) -> di
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    short_prefill = await first_token_s(SHORT_PREFILL_TOKENS)
-    long_prefill = await first_token_s(PROMPT_TOKENS)
-    per_prefill = (long_prefill - short_prefill) / (PROMPT_TOKENS - SHORT_PREFILL_TOKENS)
+    first_token = {length: await first_token_s(length) for length in PREFILL_LENGTHS}
+    per_prefill, per_prefill_pair = fit_prefill(first_token)
     long_context = await decode_step(client, model, prompts(CONTEXT_BATCH, PROMPT_TOKENS))
     # The extra context each step's decodes read: the longer prompts' extra tokens
     # (both runs decode the same tokens on top).
@@ -101,16 +105,36 @@ async def measure(base_url: str, model: str, vocabulary: PromptVocabulary) -> di
         "step_base": base,
         "per_decode": max(0.0, slope),
         "per_prefill": max(0.0, per_prefill),
+        "per_prefill_pair": max(0.0, per_prefill_pair),
         "per_context_token": max(0.0, (long_context - steps[CONTEXT_BATCH]) / extra_context),
         **{f"step_at_batch_{b}": t for b, t in steps.items()},
         f"step_at_batch_{CONTEXT_BATCH}_context_{PROMPT_TOKENS}": long_context,
+        **{f"first_token_at_{n}": t for n, t in first_token.items()},
     }
+
+
+def fit_prefill(first_token_s: dict[int, float]) -> tuple[float, float]:
+    """Least squares of ``t(n) = c + per_prefill * n + per_prefill_pair * n(n+1)/2``
+    over (prompt length n, time to its first token t): ``(per_prefill,
+    per_prefill_pair)``. Needs three lengths or more."""
+    if len(first_token_s) < 3:
+        raise ValueError("fitting a prefill's cost needs three prompt lengths or more")
+    lengths = np.array(list(first_token_s), dtype=float)
+    design = np.column_stack([np.ones_like(lengths), lengths, lengths * (lengths + 1) / 2])
+    times = np.array(list(first_token_s.values()))
+    (_, per_token, per_pair), *_ = np.linalg.lstsq(design, times, rcond=None)
+    return float(per_token), float(per_pair)
 
 
 def calibrate_cpu_preset(model: str = "tiny") -> dict[str, float]:
     """Start a CPU engine on ``model`` and fit the preset's step costs (seconds)."""
     config = EngineConfig(
-        model=model, port=0, scheduler="fcfs", max_num_seqs=8, max_model_len=1024, device="cpu"
+        model=model,
+        port=0,
+        scheduler="fcfs",
+        max_num_seqs=8,
+        max_model_len=MAX_MODEL_LEN,
+        device="cpu",
     )
     with EngineProcess(config) as engine:
         vocabulary = PromptVocabulary.of_model(engine.model.path)

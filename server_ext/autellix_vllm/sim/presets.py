@@ -7,7 +7,7 @@ call's prompt and output so far: its KV is read once per step) and
 ``prefill_pairs`` counts (prefilled token, earlier token it attends to) pairs.
 The two context terms are 0 in ``a100-llama8b``, ``unit`` and ``cpu-tiny``;
 ``a100-llama8b-kv`` is ``a100-llama8b`` with them on, and with
-``exact_macro_steps``.
+``exact_macro_steps``; ``cpu-smollm2`` has both, measured.
 
 A preset may also have a host-memory KV tier (``kv_offload_gib``, ``autellix
 simulate --kv-offload-gib``): its size is turned into blocks with
@@ -69,12 +69,14 @@ spike, fitted nonsense and is left out), fitted ``step_base`` 12.0, 16.8, 17.0
 and 22.5 ms (each step streams the 270 MB of weights), ``per_decode`` 1.6, 2.0,
 2.4 and 3.6 ms a sequence, and ``per_context_token`` 0, 4.4, 6.6 and 7.1 us a
 token of decode context (the step at 4 sequences of 800-token prompts against
-2-token ones); the preset takes the medians. ``per_prefill`` 0.8 ms a prompt
-token (0.73 and 0.87 ms; 270 MFLOP a token on one core) is the difference of
-the times to the first token of 800- and 32-token prompts: the first three
-runs divided an 800-token prompt's whole time to the first token, which came
-out at 0.9-1.5 ms and made the simulator's programs 30-40% slower than the
-engine's (``autellix bench fidelity``, docs/benchmarks.md). Unlike
+2-token ones); the preset takes the medians. The prefill is fitted on the
+times to the first token of 32- to 2,400-token prompts (two runs): a prompt
+token costs ``per_prefill`` 0.66 ms (0.64 and 0.68; 270 MFLOP a token on one
+core) plus ``per_prefill_pair`` 0.42 us (0.38 and 0.46) per earlier token it
+attends to, so a 2,400-token prompt takes 2.8 s where a flat 0.8 ms a token
+gave 1.9 s. Without the pair term the simulator ran the KV-bound agent replay
+of docs/benchmarks.md 22% too fast under FCFS, which recomputes long contexts
+(``autellix bench fidelity``: median error 0.21 against 0.07 with it). Unlike
 ``cpu-tiny``'s, this model's steps are model work, so decode context and
 prefill matter. The batch and KV are the launcher's defaults: 16 sequences,
 1 GiB of KV at 23,040 bytes a token = 46,592 tokens, 364 of vLLM's CPU blocks
@@ -225,8 +227,9 @@ PRESETS: dict[str, EnginePreset] = {
         "cpu-smollm2",
         step_base=0.0169,
         per_decode=0.0022,
-        per_prefill=0.0008,
+        per_prefill=0.00066,
         per_context_token=0.0000055,
+        per_prefill_pair=0.00000042,
         max_num_seqs=16,
         token_budget=2048,
         kv_blocks=364,
