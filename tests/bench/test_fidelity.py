@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from autellix_vllm.bench.engine import BenchSettings, ProgramResult, build_workload, probe_program
-from autellix_vllm.bench.fidelity import FidelitySettings, compare, time_scale
+from autellix_vllm.bench.fidelity import FidelitySettings, compare, run_fidelity, time_scale
 from autellix_vllm.policy import Levels, PolicyConfig
 from autellix_vllm.sim.presets import get_preset
 from autellix_vllm.sim.run import simulate
@@ -97,3 +97,20 @@ def test_bad_input_is_refused_before_any_engine_starts(options, message):
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert out.stdout == "" and message in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+@pytest.mark.engine
+def test_a_small_run_compares_the_engine_with_its_own_policy_and_kv():
+    """Two tiny engines, one after the other, on a KV cap: the simulator runs the
+    engine's policy on the engine's blocks, and both sides' counts are reported."""
+    bench = BenchSettings(programs=3, model="tiny", workload="agent", max_num_seqs=2,
+                          kv_blocks=24, policy="autellix-kv")  # fmt: skip
+    result = run_fidelity(FidelitySettings.for_bench(bench))
+    assert result["settings"]["kv_blocks"] == 24
+    assert result["settings"]["sim_policies"] == {"fcfs": "vllm-opt", "autellix": "autellix-kv"}
+    for side in ("engine", "sim"):
+        for scheduler in ("fcfs", "autellix"):
+            counts = result["counts"][side][scheduler]
+            assert counts["preemptions"] >= 0 and 0 <= counts["prefix_cache_hit_rate"] <= 1
+    assert set(result["median_rel_error"]) == {"fcfs", "autellix"}
+    assert len(result["program_latency_s"]) == 3
