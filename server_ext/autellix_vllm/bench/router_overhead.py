@@ -38,6 +38,7 @@ from autellix_vllm.bench.subprocesses import (
     router_command,
     running,
 )
+from autellix_vllm.protocol import CHAT_COMPLETIONS_PATH, PROGRAM_ID_HEADER
 from autellix_vllm.stats import percentile
 
 _CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
@@ -52,9 +53,9 @@ class Connection:
     def __init__(self, host: str, port: int, program_id: str) -> None:
         self.host, self.port = host, port
         self.request = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"POST {CHAT_COMPLETIONS_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(_BODY)}\r\n"
-            f"X-Autellix-Program-Id: {program_id}\r\n\r\n"
+            f"{PROGRAM_ID_HEADER}: {program_id}\r\n\r\n"
         ).encode() + _BODY
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
