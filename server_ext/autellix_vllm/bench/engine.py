@@ -20,6 +20,9 @@ scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
   names another context, a subagent's, extends that one instead);
 * decode lengths are forced (``ignore_eos`` and ``max_tokens``);
 * tool gaps are sleeps between a call and the calls that depend on it;
+* on the Autellix engine each program is ended after its last call, as the
+  SDK ends a program when it returns (a KV-aware policy then drops its held
+  context at once instead of when the hold expires);
 * ``max_num_seqs`` is small, so the engine saturates and calls queue;
 * a generated workload's arrivals are Poisson, spread over a fixed fraction of
   the time the engines need for the whole workload at their probed speed, so
