@@ -426,7 +426,7 @@ async def _measure(
 ) -> EngineRun:
     counters_before = await asyncio.to_thread(read_counters, [engine.base_url])
     # Programs end as the SDK's do; only the Autellix scheduler keeps programs.
-    end_path = ENGINE_PROGRAM_PATH if engine.config.scheduler == "autellix" else None
+    end_path = ENGINE_PROGRAM_PATH if engine.config.runs_autellix else None
     started = time.monotonic()
     results = await replay(
         engine.base_url, engine.served_model_name, programs, settings, vocabulary, end_path

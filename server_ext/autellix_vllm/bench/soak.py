@@ -448,7 +448,7 @@ class HonestAgents:
     # Reads a program's engine rows; called once per program, after its first
     # answer, when the engine has charged that call and the program has not ended.
     look_up: Callable[[list[str]], Awaitable[None]] | None = None
-    looked_up: set[str] = field(default_factory=set)
+    looked_up: set[str] = field(default_factory=set)  # live programs already read
 
     async def wait_for_live(self, within_s: float) -> None:
         """Return once a program runs, or after ``within_s`` (the agents arrive one
@@ -509,6 +509,7 @@ class HonestAgents:
                 await body(task)
             finally:
                 self.live.discard(program_id)
+                self.looked_up.discard(program_id)
 
         self.started[kind] += 1
         try:

@@ -121,10 +121,15 @@ class EngineConfig:
     api_key: str | None = field(default=None, repr=False)
     tool_call_parser: str | None = AUTO_TOOL_PARSER
 
+    @property
+    def runs_autellix(self) -> bool:
+        """Whether this engine runs the Autellix scheduler (else stock vLLM's)."""
+        return self.scheduler == "autellix"
+
     def __post_init__(self) -> None:
         lookup(SCHEDULERS, self.scheduler, "scheduler")
         tuning = (self.policy, self.beta, self.levels)
-        if self.scheduler != "autellix" and any(value is not None for value in tuning):
+        if not self.runs_autellix and any(value is not None for value in tuning):
             raise ValueError(
                 "policy, beta and levels tune the Autellix scheduler;"
                 f" scheduler {self.scheduler} is stock vLLM"
@@ -176,7 +181,7 @@ def server_command(config: EngineConfig, model: ModelSpec, port: int) -> list[st
         "--max-num-seqs", str(config.max_num_seqs),
         "--middleware", MIDDLEWARE,
     ]  # fmt: skip
-    if config.scheduler == "autellix":
+    if config.runs_autellix:
         scheduler_cls = ASYNC_SCHEDULER_CLS if device == "gpu" else SCHEDULER_CLS
         cmd += ["--scheduler-cls", scheduler_cls, "--scheduling-policy", "priority"]
     else:
@@ -229,7 +234,7 @@ def scheduler_environment(
     (:class:`~autellix_vllm.engine.settings.SettingError` names the variable)."""
     given = {**environ, **config.extra_env}
     inherited = {name: given[name] for name in VARIABLES if name in given}
-    if config.scheduler != "autellix":
+    if not config.runs_autellix:
         return inherited  # stock vLLM reads none of them
     variables = {**inherited, **settings_env(config.policy, config.beta, config.levels)}
     SchedulerSettings.from_env(variables)
