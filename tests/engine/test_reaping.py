@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from autellix_vllm.engine import launcher, reaper
+from autellix_vllm.engine import reaper
 from autellix_vllm.engine.launcher import (
     EngineConfig,
     EngineProcess,
@@ -158,4 +158,4 @@ def test_closing_the_supervisor_interrupts_a_restart_wait(stand_in, monkeypatch)
         assert not closing.is_alive() and time.monotonic() - started < 5
     finally:
         engine.stop()
-    assert not launcher._group_alive(engine.process.pid)
+    assert not reaper.group_members(engine.process.pid)

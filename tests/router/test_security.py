@@ -6,8 +6,9 @@ reuse, program limits, a flood of programs, a stream the client drops, a
 reset engine connection. Tests that need an engine's answers use a real
 engine (``engine`` marker): this module's own, with an engine key, as
 ``autellix serve`` starts them. A fake engine stands in only to inject a
-fault (a reset connection, an engine that holds its calls) or to record what
-the router sends (the engine key), which a real engine does not show.
+fault (a reset connection, an engine that holds its calls, a stream that never
+ends) or to record what the router sends (the engine key), which a real engine
+does not show.
 """
 
 from __future__ import annotations
@@ -623,11 +624,35 @@ async def test_calls_in_flight_bound_the_program_and_their_ids(start_router):
 # ---- dropped streams and reset connections -------------------------------------
 
 
-@pytest.mark.engine
-async def test_a_stream_the_client_drops_is_charged_and_not_completed(engine, start_router):
+class EndlessStream:
+    """An engine answer that streams one token event every 10 ms until the router
+    closes the connection, which is how vLLM learns to abort a request."""
+
+    def __init__(self) -> None:
+        self.aborted = asyncio.Event()
+
+    async def answer(self, request: web.Request, number: int) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        choice = {"index": 0, "text": "x", "finish_reason": None}
+        event = b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+        try:
+            while True:
+                await response.write(event)
+                await asyncio.sleep(0.01)
+        except ConnectionResetError:  # aiohttp's "cannot write to closing transport" too
+            self.aborted.set()
+        return response
+
+
+async def test_a_stream_the_client_drops_is_charged_and_not_completed(start_router):
+    """The engine never ends the stream: only the router noticing that the client
+    left can end the call, which then counts as failed, is charged what was relayed,
+    and is aborted on the engine."""
+    stream = EndlessStream()
     program_id = unique("dropped")
-    body = completion(engine.served_model_name, max_tokens=400, stream=True)
-    async with start_router([engine]) as router:
+    body = completion(MODEL, stream=True)
+    async with fake_engine(stream.answer) as engine, start_router([engine.url]) as router:
         async with aiohttp.ClientSession() as http:
             headers = {"X-Autellix-Program-Id": program_id}
             async with http.post(
@@ -635,7 +660,9 @@ async def test_a_stream_the_client_drops_is_charged_and_not_completed(engine, st
             ) as answer:
                 assert answer.status == 200
                 for _ in range(5):
-                    await answer.content.readline()  # a few events, then the client leaves
+                    assert (await answer.content.readline()).startswith(b"data: ")
+                    await answer.content.readline()  # the blank line that ends the event
+        await asyncio.wait_for(stream.aborted.wait(), 30)
         records = router.state.programs
 
         async def settled() -> None:

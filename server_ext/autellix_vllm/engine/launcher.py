@@ -44,6 +44,7 @@ from types import FrameType
 from typing import IO
 
 from autellix_vllm.engine.models import ModelSpec, resolve_model
+from autellix_vllm.engine.reaper import group_members
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, settings_env
 from autellix_vllm.policy import Levels
 from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
@@ -336,21 +337,27 @@ class EngineProcess:
             return False
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``."""
+        """SIGTERM the process group, then SIGKILL whatever is left after ``timeout_s``;
+        returns once no live process of the group is left (or 5 s after the SIGKILL)."""
         process = self.process
         if process is None:
             return
         _signal_group(process.pid, signal.SIGTERM)
         # vLLM's engine-core and worker may outlive the API server: wait for the
-        # whole group (reaping the leader as we go), then kill what is left.
+        # whole group (reaping the leader as we go), then kill what is left. Zombies
+        # do not count: an orphan's is pid 1's to reap, and may stay a while.
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if process.poll() is not None and not _group_alive(process.pid):
+            if process.poll() is not None and not group_members(process.pid):
                 break
             time.sleep(0.2)
         _signal_group(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
+        # A SIGKILLed process is gone only once the kernel has torn it down.
+        deadline = time.monotonic() + 5
+        while group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._join_reader()
 
     def log_tail(self) -> str:
@@ -390,14 +397,6 @@ class EngineProcess:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 def stop_on_signals() -> None:
