@@ -290,9 +290,9 @@ class AutellixSchedulerMixin:
         head = self.waiting.head()
         if head is None or not self.running:
             return
-        # The common case, and O(1): the best waiter does not outrank the worst
+        # The common case, and O(1): the best waiter cannot outrank the worst-ranked
         # running call (last, once sorted), so no waiter outranks any running call.
-        if not self.core.outranks(head, self.calls[self.running[-1].request_id]):
+        if not self.core.may_preempt(head, self.calls[self.running[-1].request_id]):
             return
         running = [self.calls[r.request_id] for r in self.running]
         free_seats = adapter.batch_seats(self) - len(running)  # type: ignore[arg-type]

@@ -201,12 +201,26 @@ class ProgramScheduler:
             return (call.level, call.seq)
 
     def outranks(self, waiter: Call, victim: Call) -> bool:
-        """Whether ``waiter`` may preempt ``victim``; if the policy fails, it may not."""
+        """Whether ``waiter`` may preempt ``victim``; if the policy fails, it may not.
+
+        Under a KV-aware policy the two compare by :meth:`preemption_level`: a call
+        demoted by nothing but its own prefill is not preempted for a newer call
+        that will owe the same prefill (undoing it would recompute the prompt just
+        computed, and the newcomer lands in the same level once it has run).
+        """
         try:
+            if self.policy.kv_aware:
+                return self.preemption_level(waiter) < self.preemption_level(victim)
             return self.policy.outranks(waiter, victim)
         except Exception as error:
             self.faults.record("outranks", error, "no preemption for that pair")
             return False
+
+    def preemption_level(self, call: Call) -> int:
+        """The call's level without the service of its own prefill: its program's
+        service and what the call decoded decide (a promoted call keeps its level)."""
+        settled = call.base + call.service - call.prefill_service
+        return min(call.level, self.levels.level_of(settled))
 
     # ---- the wait queue ----------------------------------------------------------
 
@@ -259,6 +273,9 @@ class ProgramScheduler:
         if amount <= 0:
             return
         call.service += amount
+        if prefill_tokens:  # in time units, the prefill's share of the step's tokens
+            share = prefill_tokens / (prefill_tokens + decode_tokens)
+            call.prefill_service += self.meter.amount(0, prefill_tokens, seconds * share)
         call.starve_service += amount
         if not self.policy.uses_levels:
             return
@@ -283,8 +300,21 @@ class ProgramScheduler:
         return max(call.quantum_left, 0.0)
 
     def worst(self, running: Iterable[Call]) -> Call:
-        """The running call to preempt first: the worst rank."""
-        return max(running, key=self.rank)
+        """The running call to preempt first: the worst rank (under a KV-aware
+        policy, the worst :meth:`preemption_level`, then the worst rank)."""
+        return max(running, key=self._victim_order)
+
+    def may_preempt(self, waiter: Call, worst_ranked: Call) -> bool:
+        """False if ``waiter`` outranks no running call, given the worst-ranked one
+        (an O(1) test for an engine that keeps its running calls in rank order)."""
+        if self.policy.kv_aware:  # no running call's preemption level exceeds its level
+            return self.preemption_level(waiter) < worst_ranked.level
+        return self.outranks(waiter, worst_ranked)
+
+    def _victim_order(self, call: Call) -> Rank | tuple[int, Rank]:
+        if self.policy.kv_aware:
+            return (self.preemption_level(call), self.rank(call))
+        return self.rank(call)
 
     def victims(
         self,
@@ -296,7 +326,8 @@ class ProgramScheduler:
 
         The best ``free_seats`` waiters take the free seats; each waiter after them
         displaces the worst remaining running call if it outranks it (a strictly
-        better level), so preemption never happens within a level. With
+        better level, see :meth:`outranks`), so preemption never happens within a
+        level. With
         ``admissible`` (a KV-aware engine's working-set rule), only waiters it
         admits count: a call that would not be admitted displaces nobody.
         """
@@ -311,7 +342,7 @@ class ProgramScheduler:
             return []
         # At least one preemption: pair the waiters, best first, with the running
         # calls, worst first, while the waiter is better.
-        by_badness = sorted(running, key=self.rank, reverse=True)
+        by_badness = sorted(running, key=self._victim_order, reverse=True)
         waiters = self._best_waiters(free_seats + len(by_badness), admissible)[free_seats:]
         chosen = []
         for waiter, victim in zip(waiters, by_badness, strict=False):
