@@ -153,6 +153,32 @@ def test_a_kv_aware_policy_does_not_preempt_a_call_for_its_own_prefill():
     assert call.prefill_service == pytest.approx(0.3)
 
 
+@pytest.mark.parametrize("policy", ["autellix-kv", "plas", "autellix"])
+def test_may_preempt_is_false_only_when_no_running_call_is_outranked(policy):
+    """The engine skips seat preemption when ``may_preempt`` says no for the
+    worst-ranked running call: that must never hide a call the waiter outranks."""
+    core = make(make_policy(policy), meter=ServiceMeter(prefill_weight=1.0))
+    running = []
+    for i, (prefill, decode) in enumerate([(150, 0), (0, 20), (5, 5), (800, 3), (0, 0)]):
+        call = core.add_call(f"r{i}", f"run{i}", now_s=0.0)
+        core.enqueue(call)
+        core.start(call)
+        core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
+        running.append(call)
+    run_call(core, "o1", "old", 30)
+    waiters = [core.add_call("w", "fresh", now_s=0.0), core.add_call("o2", "old", now_s=0.0)]
+    worst_ranked = max(running, key=core.rank)
+    for waiter in waiters:
+        outranked = any(core.outranks(waiter, r) for r in running)
+        if outranked or policy != "autellix-kv":  # kv-aware: a necessary condition only
+            assert core.may_preempt(waiter, worst_ranked) == outranked
+    # Under autellix-kv the fresh waiter outranks a call demoted by decoding (run1)
+    # though not the worst-ranked call, which its own prefill demoted.
+    fresh = waiters[0]
+    assert policy != "autellix-kv" or not core.outranks(fresh, worst_ranked)
+    assert core.may_preempt(fresh, worst_ranked)
+
+
 def test_plas_preempts_a_call_demoted_by_its_own_prefill():
     core = make(PLAS(), meter=ServiceMeter(prefill_weight=1.0))
     running = core.add_call("r", "prefilled", now_s=0.0)
