@@ -300,21 +300,8 @@ class ProgramScheduler:
         return max(call.quantum_left, 0.0)
 
     def worst(self, running: Iterable[Call]) -> Call:
-        """The running call to preempt first: the worst rank (under a KV-aware
-        policy, the worst :meth:`preemption_level`, then the worst rank)."""
-        return max(running, key=self._victim_order)
-
-    def may_preempt(self, waiter: Call, worst_ranked: Call) -> bool:
-        """False if ``waiter`` outranks no running call, given the worst-ranked one
-        (an O(1) test for an engine that keeps its running calls in rank order)."""
-        if self.policy.kv_aware:  # no running call's preemption level exceeds its level
-            return self.preemption_level(waiter) < worst_ranked.level
-        return self.outranks(waiter, worst_ranked)
-
-    def _victim_order(self, call: Call) -> Rank | tuple[int, Rank]:
-        if self.policy.kv_aware:
-            return (self.preemption_level(call), self.rank(call))
-        return self.rank(call)
+        """The running call to preempt first: the worst rank."""
+        return max(running, key=self.rank)
 
     def victims(
         self,
@@ -327,9 +314,10 @@ class ProgramScheduler:
         The best ``free_seats`` waiters take the free seats; each waiter after them
         displaces the worst remaining running call if it outranks it (a strictly
         better level, see :meth:`outranks`), so preemption never happens within a
-        level. With
-        ``admissible`` (a KV-aware engine's working-set rule), only waiters it
-        admits count: a call that would not be admitted displaces nobody.
+        level. Running calls go worst rank first: once one does not yield, none
+        after it does. With ``admissible`` (a KV-aware engine's working-set rule),
+        only waiters it admits count: a call that would not be admitted displaces
+        nobody.
         """
         if not self.waiting or not running:
             return []
@@ -342,7 +330,7 @@ class ProgramScheduler:
             return []
         # At least one preemption: pair the waiters, best first, with the running
         # calls, worst first, while the waiter is better.
-        by_badness = sorted(running, key=self._victim_order, reverse=True)
+        by_badness = sorted(running, key=self.rank, reverse=True)
         waiters = self._best_waiters(free_seats + len(by_badness), admissible)[free_seats:]
         chosen = []
         for waiter, victim in zip(waiters, by_badness, strict=False):
