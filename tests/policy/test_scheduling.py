@@ -123,48 +123,6 @@ def test_victims_pair_best_waiters_with_worst_runners():
     assert core.victims(running, free_seats=0) == [running[0], running[1]]
 
 
-def test_a_kv_aware_policy_does_not_preempt_a_call_for_its_own_prefill():
-    """Under autellix-kv a running call demoted by its own prefill alone keeps its
-    seat against a fresh waiter (which owes the same prefill); one demoted by what
-    it decoded, or by its program's earlier service, does not."""
-    core = make(make_policy("autellix-kv"), meter=ServiceMeter(prefill_weight=1.0))
-    prefilled = core.add_call("r0", "prefilled", now_s=0.0)
-    decoded = core.add_call("r1", "decoded", now_s=0.0)
-    for call in (prefilled, decoded):
-        core.enqueue(call)
-        core.start(call)
-    core.charge(prefilled, prefill_tokens=150)  # level 2, all of it prefill
-    core.charge(decoded, decode_tokens=150)  # level 2 after it, all of it decoded
-    assert (prefilled.level, decoded.level) == (2, 2)
-    assert (core.preemption_level(prefilled), core.preemption_level(decoded)) == (0, 2)
-    fresh = core.add_call("w", "fresh", now_s=0.0)
-    core.enqueue(fresh)
-    assert not core.outranks(fresh, prefilled) and core.outranks(fresh, decoded)
-    assert core.victims([prefilled, decoded], free_seats=0) == [decoded]  # the worst rank
-    assert core.victims([prefilled], free_seats=0) == []
-    run_call(core, "o1", "old", 150)  # a program with service of its own
-    returning = core.add_call("o2", "old", now_s=0.0)
-    core.enqueue(returning)
-    core.start(returning)
-    core.charge(returning, prefill_tokens=5)
-    assert core.preemption_level(returning) == 2  # its program's service counts
-    # In time units the prefill's share of the step is its share of the tokens.
-    timed = make(make_policy("autellix-kv"), meter=ServiceMeter(unit="time"))
-    call = timed.add_call("t", "timed", now_s=0.0)
-    timed.charge(call, decode_tokens=1, prefill_tokens=3, seconds=0.4)
-    assert call.prefill_service == pytest.approx(0.3)
-
-
-def test_plas_preempts_a_call_demoted_by_its_own_prefill():
-    core = make(PLAS(), meter=ServiceMeter(prefill_weight=1.0))
-    running = core.add_call("r", "prefilled", now_s=0.0)
-    core.enqueue(running)
-    core.start(running)
-    core.charge(running, prefill_tokens=150)
-    core.enqueue(core.add_call("w", "fresh", now_s=0.0))
-    assert core.victims([running], free_seats=0) == [running]
-
-
 def test_fcfs_never_preempts_for_a_waiter():
     core = ProgramScheduler(FCFS())
     call = core.add_call("old", "p", now_s=0.0)

@@ -290,13 +290,12 @@ class AutellixSchedulerMixin:
         head = self.waiting.head()
         if head is None or not self.running:
             return
-        free_seats = adapter.batch_seats(self) - len(self.running)  # type: ignore[arg-type]
-        # The common case, and O(1): a full batch whose worst-ranked call (last, once
-        # sorted) the best waiter does not outrank; victims() would pick none.
-        worst_ranked = self.calls[self.running[-1].request_id]
-        if free_seats <= 0 and not self.core.outranks(head, worst_ranked):
+        # The common case, and O(1): the best waiter does not outrank the worst
+        # running call (last, once sorted), so no waiter outranks any running call.
+        if not self.core.outranks(head, self.calls[self.running[-1].request_id]):
             return
         running = [self.calls[r.request_id] for r in self.running]
+        free_seats = adapter.batch_seats(self) - len(running)  # type: ignore[arg-type]
         for victim in self.core.victims(running, free_seats, self.waiting.admissible):
             if self._preempt(victim, now):
                 running.remove(victim)

@@ -201,26 +201,12 @@ class ProgramScheduler:
             return (call.level, call.seq)
 
     def outranks(self, waiter: Call, victim: Call) -> bool:
-        """Whether ``waiter`` may preempt ``victim``; if the policy fails, it may not.
-
-        Under a KV-aware policy the two compare by :meth:`preemption_level`: a call
-        demoted by nothing but its own prefill is not preempted for a newer call
-        that will owe the same prefill (undoing it would recompute the prompt just
-        computed, and the newcomer lands in the same level once it has run).
-        """
+        """Whether ``waiter`` may preempt ``victim``; if the policy fails, it may not."""
         try:
-            if self.policy.kv_aware:
-                return self.preemption_level(waiter) < self.preemption_level(victim)
             return self.policy.outranks(waiter, victim)
         except Exception as error:
             self.faults.record("outranks", error, "no preemption for that pair")
             return False
-
-    def preemption_level(self, call: Call) -> int:
-        """The call's level without the service of its own prefill: its program's
-        service and what the call decoded decide (a promoted call keeps its level)."""
-        settled = call.base + call.service - call.prefill_service
-        return min(call.level, self.levels.level_of(settled))
 
     # ---- the wait queue ----------------------------------------------------------
 
@@ -273,9 +259,6 @@ class ProgramScheduler:
         if amount <= 0:
             return
         call.service += amount
-        if prefill_tokens:  # in time units, the prefill's share of the step's tokens
-            share = prefill_tokens / (prefill_tokens + decode_tokens)
-            call.prefill_service += self.meter.amount(0, prefill_tokens, seconds * share)
         call.starve_service += amount
         if not self.policy.uses_levels:
             return
@@ -313,11 +296,9 @@ class ProgramScheduler:
 
         The best ``free_seats`` waiters take the free seats; each waiter after them
         displaces the worst remaining running call if it outranks it (a strictly
-        better level, see :meth:`outranks`), so preemption never happens within a
-        level. Running calls go worst rank first: once one does not yield, none
-        after it does. With ``admissible`` (a KV-aware engine's working-set rule),
-        only waiters it admits count: a call that would not be admitted displaces
-        nobody.
+        better level), so preemption never happens within a level. With
+        ``admissible`` (a KV-aware engine's working-set rule), only waiters it
+        admits count: a call that would not be admitted displaces nobody.
         """
         if not self.waiting or not running:
             return []

@@ -218,8 +218,6 @@ class Call:
     base: float = 0.0
     # Service this call has attained so far.
     service: float = 0.0
-    # The part of ``service`` attained by prefilling the call's own prompt.
-    prefill_service: float = 0.0
     level: int = 0
     quantum_left: float = 0.0
     # Order of entry into its level (FIFO within a level); arrival order under FCFS.
