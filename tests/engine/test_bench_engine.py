@@ -126,6 +126,7 @@ def test_summary_is_latency_per_decoded_token():
     assert summary["p95_latency_per_token_s"] == pytest.approx(1.9)
     assert summary["p99_latency_per_token_s"] == pytest.approx(2.0)
     assert summary["throughput_tokens_per_s"] == 10.0
+    assert summary["latency_per_token_s_by_program"]["p19"] == 2.0
 
 
 @pytest.mark.engine

@@ -366,6 +366,8 @@ async def _complete(
 
 
 def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
+    """The run's program latency per decoded token (average, tails) and each
+    program's own, which shows whose latency a tail is."""
     per_token = [r.latency_per_token for r in results]
     tokens = sum(r.decode_tokens for r in results)
     return {
@@ -377,6 +379,9 @@ def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
         "avg_latency_per_token_s": statistics.fmean(per_token),
         "p95_latency_per_token_s": percentile(per_token, 95),
         "p99_latency_per_token_s": percentile(per_token, 99),
+        "latency_per_token_s_by_program": {
+            r.program_id: round(r.latency_per_token, 4) for r in results
+        },
     }
 
 
