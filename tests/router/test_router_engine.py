@@ -178,56 +178,56 @@ async def wait_for(predicate, timeout_s: float = 20.0, poll_s: float = 0.2) -> N
 
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_router, stream):
+    """The client leaves while the engine runs its call: the router closes the
+    engine's connection and the engine aborts the call. A call can still finish
+    between the look at the engine's table and the router seeing the client go
+    (a 480-token call lasts ~2 s on an idle machine); then the attempt is made
+    again with a fresh call."""
     model = engine.served_model_name
     program_id = unique("gone")
     body = completion(model, max_tokens=480, stream=stream)
-    before = (await engine_table(engine))["calls_aborted"]
-    async with start_router([engine]) as router:
-        url = router.url
-        async with aiohttp.ClientSession() as http:
 
-            def call():
-                headers = {"X-Autellix-Program-Id": program_id}
-                return http.post(url + "/v1/completions", json=body, headers=headers)
+    async def running() -> bool:
+        row = program_row(await engine_table(engine), program_id)
+        return row is not None and row["active_calls"] == 1
 
+    async def idle() -> bool:
+        row = program_row(await engine_table(engine), program_id)
+        return row is None or row["active_calls"] == 0
+
+    async with start_router([engine]) as router, aiohttp.ClientSession() as http:
+
+        def call():
+            headers = {"X-Autellix-Program-Id": program_id}
+            return http.post(router.url + "/v1/completions", json=body, headers=headers)
+
+        async def leave_mid_call() -> bool:
+            """One attempt; False if the call ended before the engine showed it running."""
             if stream:
-                # Leave while the engine still runs the call: a fast engine may have
-                # generated all of it by the time the first chunk is read; then try
-                # again with a fresh one.
-                for _ in range(5):
-                    async with call() as answer:
-                        assert answer.status == 200
-                        await answer.content.readany()  # the stream has started
-                        row = program_row(await engine_table(engine), program_id)
-                        if row is not None and row["active_calls"] == 1:
-                            break  # leaving the block closes the connection mid-stream
-                else:
-                    pytest.fail("every stream finished before the engine showed it running")
-            else:
-                # The call may finish before a poll of the engine table sees it
-                # running (a 480-token call lasts ~2 s on an idle machine); then
-                # try again with a fresh one.
-                for _ in range(5):
-                    task = asyncio.ensure_future(call())
+                async with call() as answer:
+                    assert answer.status == 200
+                    await answer.content.readany()  # the stream has started
+                    return await running()  # leaving the block closes the connection
+            task = asyncio.ensure_future(call())
 
-                    async def running_or_done(task=task) -> bool:
-                        row = program_row(await engine_table(engine), program_id)
-                        return task.done() or (row is not None and row["active_calls"] == 1)
+            async def running_or_done() -> bool:
+                return task.done() or await running()
 
-                    await wait_for(running_or_done, poll_s=0.02)
-                    if not task.done():
-                        break
-                    (await task).close()
-                else:
-                    pytest.fail("every call finished before the engine showed it running")
-                task.cancel()
+            await wait_for(running_or_done, poll_s=0.02)
+            if task.done():
+                (await task).close()
+                return False
+            task.cancel()
+            return True
 
-        async def aborted() -> bool:
-            table = await engine_table(engine)
-            row = program_row(table, program_id)
-            return table["calls_aborted"] > before and (row is None or row["active_calls"] == 0)
-
-        await wait_for(aborted)
+        for _ in range(5):
+            before = (await engine_table(engine))["calls_aborted"]
+            left = await leave_mid_call()
+            await wait_for(idle)
+            if left and (await engine_table(engine))["calls_aborted"] > before:
+                break
+        else:
+            pytest.fail("the engine finished every call before its client left")
 
 
 async def test_the_sdk_opens_and_ends_its_program_on_the_router(engine, start_router):
