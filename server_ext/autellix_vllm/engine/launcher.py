@@ -348,7 +348,7 @@ class EngineProcess:
         # do not count: an orphan's is pid 1's to reap, and may stay a while.
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if process.poll() is not None and not group_members(process.pid):
+            if process.poll() is not None and not _group_alive(process.pid):
                 break
             time.sleep(0.2)
         _signal_group(process.pid, signal.SIGKILL)
@@ -356,7 +356,7 @@ class EngineProcess:
             process.wait(timeout=5)
         # A SIGKILLed process is gone only once the kernel has torn it down.
         deadline = time.monotonic() + 5
-        while group_members(process.pid) and time.monotonic() < deadline:
+        while _group_alive(process.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         self._join_reader()
 
@@ -397,6 +397,18 @@ class EngineProcess:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is left in group ``pgid``; without
+    ``/proc`` (not Linux), whether any process is."""
+    if os.path.isdir("/proc"):
+        return bool(group_members(pgid))
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def stop_on_signals() -> None:
