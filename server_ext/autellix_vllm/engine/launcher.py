@@ -44,7 +44,7 @@ from types import FrameType
 from typing import IO
 
 from autellix_vllm.engine.models import ModelSpec, resolve_model
-from autellix_vllm.engine.reaper import group_members
+from autellix_vllm.engine.reaper import group_alive
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, settings_env
 from autellix_vllm.policy import Levels
 from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
@@ -342,22 +342,16 @@ class EngineProcess:
         process = self.process
         if process is None:
             return
-        _signal_group(process.pid, signal.SIGTERM)
+
+        def gone() -> bool:  # polling reaps the leader as we go
+            return process.poll() is not None and not group_alive(process.pid)
+
         # vLLM's engine-core and worker may outlive the API server: wait for the
-        # whole group (reaping the leader as we go), then kill what is left. Zombies
-        # do not count: an orphan's is pid 1's to reap, and may stay a while.
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None and not _group_alive(process.pid):
-                break
-            time.sleep(0.2)
-        _signal_group(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        # A SIGKILLed process is gone only once the kernel has torn it down.
-        deadline = time.monotonic() + 5
-        while _group_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # whole group, then kill what is left and wait until the kernel is done.
+        _signal_group(process.pid, signal.SIGTERM)
+        if not _wait_until(gone, timeout_s, poll_s=0.2):
+            _signal_group(process.pid, signal.SIGKILL)
+            _wait_until(gone, 5.0, poll_s=0.05)
         self._join_reader()
 
     def log_tail(self) -> str:
@@ -399,15 +393,13 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a live (not zombie) process is left in group ``pgid``; without
-    ``/proc`` (not Linux), whether any process is."""
-    if os.path.isdir("/proc"):
-        return bool(group_members(pgid))
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
+def _wait_until(condition: Callable[[], bool], timeout_s: float, poll_s: float) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
     return True
 
 

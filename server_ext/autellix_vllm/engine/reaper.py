@@ -99,6 +99,19 @@ def kill_group_but_this_process(group: int) -> None:
         time.sleep(0.05)
 
 
+def group_alive(group: int) -> bool:
+    """Whether a live (not zombie) process is left in process group ``group``; an
+    orphan's zombie is pid 1's to reap and may stay a while. Without ``/proc``
+    (not Linux), whether any process is."""
+    if os.path.isdir("/proc"):
+        return bool(group_members(group))
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def group_members(group: int) -> set[int]:
     """Pids of the live (not zombie) processes in process group ``group``, from ``/proc``."""
     members = set()
