@@ -120,19 +120,19 @@ class Clock:
         return self.now
 
 
-@pytest.mark.parametrize("hint_s", [None, 30.0], ids=["estimate", "client-hint"])
+@pytest.mark.parametrize("hint_s", [None, 58.0], ids=["estimate", "client-hint"])
 def test_a_retention_hint_longer_than_the_estimate_keeps_the_hold(harness, monkeypatch, hint_s):
     """The client's TTL (``autellix_retention_ttl_s``, what the middleware writes from
-    ``X-Autellix-Retention-Ttl``) replaces the estimate: 20 s into a tool call the
-    estimated hold (4 expected gaps of the 2 s prior: 8 s) has expired, the hinted
-    one (30 s) still holds the context, and the next call hits all of it."""
+    ``X-Autellix-Retention-Ttl``) replaces the estimate: 52 s into a tool call the
+    estimated hold (24 expected gaps of the 2 s prior: 48 s) has expired, the
+    hinted one (58 s) still holds the context, and the next call hits all of it."""
     from autellix_vllm.engine import residency as engine_residency
 
     clock = Clock(1000.0)
     monkeypatch.setattr(engine_residency, "time", clock)
     scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **KV_AWARE)
     core = scheduler.residency.rules.config
-    assert core.ttl_gaps * core.prior_gap_s < 20 < 30 <= core.max_ttl_s
+    assert core.ttl_gaps * core.prior_gap_s < 52 < 58 <= core.max_ttl_s
     xargs = {"autellix_program_id": "A"}
     if hint_s is not None:
         xargs["autellix_retention_ttl_s"] = hint_s
@@ -142,7 +142,7 @@ def test_a_retention_hint_longer_than_the_estimate_keeps_the_hold(harness, monke
     step_until_finished(harness, scheduler, "A1")
     assert scheduler.autellix_snapshot()["residency"]["held_programs"] == 1
 
-    clock.now += 20  # the tool call
+    clock.now += 52  # the tool call
     harness.step(scheduler)
     residency = scheduler.autellix_snapshot()["residency"]
     assert residency["holds_expired"] == (0 if hint_s else 1)

@@ -9,9 +9,10 @@ the set of programs an engine works on within its KV, as an operating system's
 working set keeps processes within memory:
 
 * **Retention.** When a context goes idle (its call ended), the engine holds its
-  blocks for a while if its program is expected back: for a few of the
-  program's own expected tool gaps (their mean, pulled towards a prior), or for
-  the time a client hint gives. Holds share a budget (a part of KV) and are
+  blocks for a while if its program is expected back: for some of the
+  program's own expected tool gaps (their mean, pulled towards a prior; fewer
+  if a host tier keeps the context, whose loss costs a reload, not a prefill),
+  or for the time a client hint gives. Holds share a budget (a part of KV) and are
   granted by program level, so a program's idle context never displaces a
   better-ranked program's hold; a hold ends when the program's next call is
   admitted, when it expires, or when a better-ranked call needs its blocks.
@@ -122,10 +123,18 @@ class Residency:
     # ---- retention ------------------------------------------------------------------
 
     def hold(
-        self, context: str, program: Program, blocks: int, now: float, hint_s: float | None = None
+        self,
+        context: str,
+        program: Program,
+        blocks: int,
+        now: float,
+        hint_s: float | None = None,
+        reloadable: bool = False,
     ) -> list[str]:
         """``context`` went idle with ``blocks`` cached: hold it if the budget allows,
-        displacing holds of worse-ranked programs (worst first, oldest first).
+        displacing holds of worse-ranked programs (worst first, oldest first), for
+        the client's hint or the estimate (``ResidencyConfig.ttl_s``; ``reloadable``:
+        a host tier keeps the context).
 
         Returns the contexts whose holds ended to make room; the engine releases
         them. Whether ``context`` itself is held: ``context in residency``.
@@ -148,7 +157,7 @@ class Residency:
                 room += victim.blocks
                 self.break_hold(victim.context)
                 ended.append(victim.context)
-        until = now + self.config.ttl_s(program, hint_s)
+        until = now + self.config.ttl_s(program, hint_s, reloadable)
         held = Hold(context, program, blocks, level, until, next(self._seq))
         self.holds[context] = held
         self.held_blocks += blocks

@@ -711,7 +711,9 @@ class SimEngine:
         assert job.call is not None
         blocks = self.kv.context_blocks(context)
         hint_s = job.retention_hint_s
-        for ended in residency.hold(context, job.call.program, blocks, now, hint_s):
+        full = self.kv.cache[context] // self.kv.block_size * self.kv.block_size
+        reloadable = self.host is not None and 0 < full <= self.host.cache.get(context, 0)
+        for ended in residency.hold(context, job.call.program, blocks, now, hint_s, reloadable):
             self.kv.unpin(ended)
         if context in residency:
             self.kv.pin(context)
