@@ -199,10 +199,10 @@ class ResidencyConfig:
         """How long to hold the program's idle context: a client's hint if it gave
         one, else some expected gaps (``reload_ttl_gaps`` if a host tier keeps the
         context, ``ttl_gaps`` if losing it means a prefill); within the bounds."""
-        if hint_s is None:
-            gaps = self.reload_ttl_gaps if reloadable else self.ttl_gaps
-            hint_s = gaps * self.expected_gap_s(program)
-        return self.bounded_ttl_s(hint_s)
+        if hint_s is not None:
+            return self.bounded_ttl_s(hint_s)
+        gaps = self.reload_ttl_gaps if reloadable else self.ttl_gaps
+        return self.bounded_ttl_s(gaps * self.expected_gap_s(program))
 
     def bounded_ttl_s(self, ttl_s: float) -> float:
         """``ttl_s`` within ``[min_ttl_s, max_ttl_s]``."""
