@@ -171,12 +171,16 @@ async def run_program(
     max_tokens: int,
     first_len: int = 300,
     program_id: str | None = None,
+    after_first: asyncio.Event | None = None,
 ) -> str:
     """Make ``calls`` sequential long calls on a growing transcript, in the program
-    ``program_id`` (opened here if None); returns the program's id."""
+    ``program_id`` (opened here if None), waiting for ``after_first`` (if given)
+    after the first; returns the program's id."""
     program_id = program_id or await open_program(url)
     text = transcript(program_id, first_len + 60 * calls)
     for n in range(calls):
+        if n == 1 and after_first is not None:
+            await after_first.wait()
         answer = await client.completions.create(
             model="autellix-tiny",
             prompt=text[: first_len + 60 * n],
@@ -269,35 +273,37 @@ async def test_killing_an_engine_mid_run_loses_no_program(served):
     # Opened first, so that the look below sees this test's programs only: the
     # table still holds the earlier tests' programs, some bound to engine-1.
     opened = [await open_program(served.url) for _ in range(10)]
+    # Each program makes its first call, binding it to an engine, then waits; the
+    # kill comes just before they all send their next calls, so engine-1 dies
+    # with live programs bound to it, whose next calls the router must move.
+    # (Watching the table for a program mid-run instead missed the moment when
+    # the tiny engine ran engine-1's programs through between two looks.)
+    first_done = asyncio.Event()
     async with client_for(served) as client:
         runs = [
             asyncio.ensure_future(
-                run_program(client, served.url, calls=calls, max_tokens=24, program_id=p)
+                run_program(
+                    client,
+                    served.url,
+                    calls=calls,
+                    max_tokens=24,
+                    program_id=p,
+                    after_first=first_done,
+                )
             )
             for p in opened
         ]
-
-        async def mid_run_on_engine_1() -> bool:
-            # A program bound to engine-1 that has done some of its calls and has at
-            # least half left: then engine-1 dies with work of a live program on it.
-            # (With one call left, that call could finish between this look and the
-            # kill, and no program would move.)
-            rows = (await get_json(served.url + PROGRAMS))["programs"]
-            return any(
-                row["program_id"] in opened
-                and row["engine"] == "engine-1"
-                and 0 < row["calls_completed"] <= calls // 2
-                for row in rows
-            )
-
         deadline = asyncio.get_running_loop().time() + 60
-        while not await mid_run_on_engine_1():
-            if asyncio.get_running_loop().time() >= deadline:
-                rows = (await get_json(served.url + PROGRAMS))["programs"]
-                mine = [(r["engine"], r["calls_completed"]) for r in rows
-                        if r["program_id"] in opened]  # fmt: skip
-                pytest.fail(f"no program ran on engine-1; (engine, calls completed): {mine}")
+        while True:
+            rows = [r for r in (await get_json(served.url + PROGRAMS))["programs"]
+                    if r["program_id"] in opened]  # fmt: skip
+            if len(rows) == len(opened) and all(r["calls_completed"] == 1 for r in rows):
+                break
+            assert asyncio.get_running_loop().time() < deadline, rows
             await asyncio.sleep(0.05)
+        engines = [r["engine"] for r in rows]
+        assert "engine-1" in engines, f"every first call went to {set(engines)}"
+        first_done.set()
         # The API server only: the reaper must take its engine core and worker with it.
         os.kill(api_server_of(served.engine_pids[1]), signal.SIGKILL)
         programs = await asyncio.gather(*runs)  # raises if any call of any program failed
