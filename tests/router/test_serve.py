@@ -276,8 +276,8 @@ async def test_killing_an_engine_mid_run_loses_no_program(served):
     # Each program makes its first call, binding it to an engine, then waits; the
     # kill comes just before they all send their next calls, so engine-1 dies
     # with live programs bound to it, whose next calls the router must move.
-    # (Watching the table for a program mid-run instead missed the moment when
-    # the tiny engine ran engine-1's programs through between two looks.)
+    # (Watching the table for a program mid-run can miss it: the tiny engine may
+    # run all of a program's calls between two looks.)
     first_done = asyncio.Event()
     async with client_for(served) as client:
         runs = [
