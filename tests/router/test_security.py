@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import socket
@@ -427,6 +428,17 @@ async def test_a_flood_of_programs_is_capped_and_paged_without_stalling_the_rout
         assert len(default_page["programs"]) == 100 and default_page["has_more"]
         assert len(health_s) > 50 and max(health_cpu_s) < 0.1, max(health_cpu_s)
         assert max(health_s) < 2.0, max(health_s)
+
+
+async def test_a_running_router_keeps_what_existed_at_start_out_of_full_collections(
+    start_router,
+):
+    # A full collection walks every object the process holds: in a process that
+    # imported vLLM that is a pause of the loop near half a second.
+    gc.unfreeze()
+    async with start_router([dead_upstream()]):
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
 
 
 # ---- call limits and call ids, on the real engine -------------------------------

@@ -87,10 +87,15 @@ def _router_state(
         sweeper = asyncio.create_task(
             programs.sweep_forever(config.health_interval_s), name="autellix-idle-sweep"
         )
+        # What exists now (modules, the app) lives as long as the router: keep it
+        # out of every full garbage collection, so that those stay short pauses of
+        # the loop however large the process's heap (a test process holds vLLM's).
+        gc.freeze()
         try:
             await pool.start()
             yield
         finally:
+            gc.unfreeze()
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
@@ -110,9 +115,6 @@ async def serve_router(
     """Serve until ``stop`` is set; ``on_ready`` gets the root URL (port 0 picks one)."""
     runner = router_runner(create_app(config))
     await runner.setup()
-    # What exists now (modules, the app) lives as long as the process: keep it out
-    # of every full garbage collection, so that those stay short pauses of the loop.
-    gc.freeze()
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
