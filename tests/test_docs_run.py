@@ -17,7 +17,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 from autellix_vllm.cli import build_parser
 from doc_code import ROOT, DocCommand, doc_commands
+from polling import wait_until
 
 RUN = "run"  # runs here for real: seconds, no GPU or engine (ps: a router this test starts)
 PARSE = "parse"  # parsed by the real parsers only; the reason says why it is not run
@@ -279,10 +279,8 @@ def router_url() -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not _answers(url + "/health"):
-            assert served.poll() is None and time.monotonic() < deadline, "the router did not start"
-            time.sleep(0.2)
+        wait_until(lambda: _answers(url + "/health") or served.poll() is not None, timeout_s=60)
+        assert served.poll() is None, "the router exited before it answered"
         yield url
     finally:
         served.terminate()

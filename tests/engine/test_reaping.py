@@ -19,6 +19,7 @@ from autellix_vllm.engine.launcher import (
     EngineSupervisor,
     RestartBackoff,
 )
+from polling import wait_until, wait_until_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -44,18 +45,10 @@ def stand_in(monkeypatch):
     )
 
 
-def wait_for(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def server_of(engine: EngineProcess) -> int:
     """The server's pid: the reaper's only child."""
     children = Path(f"/proc/{engine.process.pid}/task/{engine.process.pid}/children")
-    wait_for(lambda: children.read_text().split())
-    return int(children.read_text().split()[0])
+    return int(wait_until(lambda: children.read_text().split())[0])
 
 
 def test_a_killed_server_takes_its_whole_group_with_it(stand_in):
@@ -63,10 +56,12 @@ def test_a_killed_server_takes_its_whole_group_with_it(stand_in):
     try:
         engine.wait_healthy(timeout_s=30)
         group = engine.process.pid
-        wait_for(lambda: len(reaper.group_members(group)) == 3)  # reaper, server, worker
+        wait_until(  # reaper, server, worker
+            lambda: reaper.group_members(group), lambda members: len(members) == 3
+        )
         os.kill(server_of(engine), signal.SIGKILL)
         assert engine.process.wait(timeout=10) == 128 + signal.SIGKILL
-        wait_for(lambda: not reaper.group_members(group), timeout_s=5)
+        wait_until_gone(group)
     finally:
         engine.stop()
 
@@ -91,7 +86,7 @@ def test_a_sigkilled_launcher_leaves_no_engine_process():
         assert len(reaper.group_members(group)) == 3
         started.kill()  # SIGKILL: the launcher runs no cleanup at all
         started.wait(timeout=10)
-        wait_for(lambda: not reaper.group_members(group), timeout_s=5)
+        wait_until_gone(group)
     finally:
         started.kill()
         started.wait()
@@ -103,7 +98,7 @@ def test_the_reaper_passes_a_signal_for_it_alone_on_to_the_server(stand_in):
         engine.wait_healthy(timeout_s=30)
         engine.process.send_signal(signal.SIGTERM)  # the reaper only, not its group
         assert engine.process.wait(timeout=10) == 128 + signal.SIGTERM
-        wait_for(lambda: not reaper.group_members(engine.process.pid), timeout_s=5)
+        wait_until_gone(engine.process.pid)
     finally:
         engine.stop()
 
@@ -131,7 +126,11 @@ def test_the_supervisor_restarts_a_dead_engine_on_its_port(stand_in):
             return engine.process.pid if engine.process is not None else None
 
         os.killpg(first, signal.SIGKILL)
-        wait_for(lambda: events[-1:] == [f"healthy again after restart 1 (pid {pid()})"], 30)
+        wait_until(
+            lambda: events[-1:],
+            lambda last: last == [f"healthy again after restart 1 (pid {pid()})"],
+            timeout_s=30,
+        )
         assert events[0] == f"exited with code {-signal.SIGKILL}; restarting it in 0 s"
         assert engine.port == port and engine.process.pid != first and engine.is_healthy()
         assert not reaper.group_members(first)
@@ -150,7 +149,7 @@ def test_closing_the_supervisor_interrupts_a_restart_wait(stand_in, monkeypatch)
     supervisor.start()
     try:
         os.killpg(engine.process.pid, signal.SIGKILL)
-        wait_for(lambda: supervisor.restarts == 1)
+        wait_until(lambda: supervisor.restarts, lambda restarts: restarts == 1)
         closing = threading.Thread(target=supervisor.close)
         started = time.monotonic()
         closing.start()

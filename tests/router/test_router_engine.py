@@ -11,6 +11,7 @@ import openai
 import pytest
 from autellix_vllm.engine.launcher import free_port
 from autellix_vllm.policy.config import ServiceMeter
+from polling import eventually
 from router_http import (
     PROGRAMS,
     assert_openai_error,
@@ -169,13 +170,6 @@ async def test_streams_pass_through_chunk_by_chunk_and_are_charged(engine, start
             assert row["calls_completed"] == 1 and row["service"] >= 12
 
 
-async def wait_for(predicate, timeout_s: float = 20.0, poll_s: float = 0.2) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(poll_s)
-
-
 @pytest.mark.parametrize("stream", [True, False])
 async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_router, stream):
     """The client leaves while the engine runs its call: the router closes the
@@ -213,7 +207,7 @@ async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_ro
             async def running_or_done() -> bool:
                 return task.done() or await running()
 
-            await wait_for(running_or_done, poll_s=0.02)
+            await eventually(running_or_done, timeout_s=20, poll_s=0.02)
             if task.done():
                 (await task).close()
                 return False
@@ -223,7 +217,7 @@ async def test_a_client_that_disconnects_aborts_its_engine_call(engine, start_ro
         for _ in range(5):
             before = (await engine_table(engine))["calls_aborted"]
             left = await leave_mid_call()
-            await wait_for(idle)
+            await eventually(idle, timeout_s=20, poll_s=0.2)
             if left and (await engine_table(engine))["calls_aborted"] > before:
                 break
         else:

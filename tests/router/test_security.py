@@ -31,6 +31,7 @@ from autellix_vllm.cli.ps import format_table
 from autellix_vllm.policy.config import ProgramLimits, ResidencyConfig, ServiceMeter
 from autellix_vllm.router import RouterConfig
 from autellix_vllm.router.keys import load_api_keys
+from polling import eventually
 from router_http import (
     PROGRAMS,
     assert_openai_error,
@@ -61,12 +62,12 @@ def bearer(key: str) -> dict[str, str]:
 
 async def while_running(condition: Callable[[], bool], calls: list[asyncio.Future]) -> None:
     """Wait until ``condition()`` holds while ``calls`` are still running."""
-    deadline = time.monotonic() + 60
-    while not condition():
-        finished = [call.result() for call in calls if call.done()]
-        assert not finished, f"a call ended before the condition held: {finished}"
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
+
+    def ended() -> list[object]:
+        return [call.result() for call in calls if call.done()]
+
+    await eventually(lambda: condition() or ended(), timeout_s=60, poll_s=0.005)
+    assert condition(), f"a call ended before the condition held: {ended()}"
 
 
 def no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:

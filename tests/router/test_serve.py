@@ -33,6 +33,7 @@ import openai
 import pytest
 from autellix_vllm.bench.subprocesses import ENGINE_READY
 from autellix_vllm.engine.reaper import group_alive, group_members
+from polling import eventually, wait_until, wait_until_gone
 
 pytestmark = pytest.mark.engine
 
@@ -101,13 +102,16 @@ def keep_reading(served: Served) -> None:
 
 
 def wait_for_line(served: Served, pattern: str, timeout_s: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for line in list(served.output):
-            if found := re.search(pattern, line):
-                return found
-        time.sleep(0.2)
-    pytest.fail(f"no line matching {pattern!r} in:\n" + "".join(served.output))
+    def first_match() -> re.Match[str] | None:
+        matches = (re.search(pattern, line) for line in list(served.output))
+        return next((found for found in matches if found), None)
+
+    return wait_until(
+        first_match,
+        timeout_s=timeout_s,
+        poll_s=0.2,
+        what=lambda: f"no line matching {pattern!r} in:\n" + "".join(served.output),
+    )
 
 
 def api_server_of(reaper_pid: int) -> int:
@@ -115,13 +119,6 @@ def api_server_of(reaper_pid: int) -> int:
     children = Path(f"/proc/{reaper_pid}/task/{reaper_pid}/children").read_text().split()
     assert len(children) == 1, children
     return int(children[0])
-
-
-def wait_until_gone(group: int, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while group_members(group):
-        assert time.monotonic() < deadline, f"left in group {group}: {group_members(group)}"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -293,14 +290,17 @@ async def test_killing_an_engine_mid_run_loses_no_program(served):
             )
             for p in opened
         ]
-        deadline = asyncio.get_running_loop().time() + 60
-        while True:
-            rows = [r for r in (await get_json(served.url + PROGRAMS))["programs"]
-                    if r["program_id"] in opened]  # fmt: skip
-            if len(rows) == len(opened) and all(r["calls_completed"] == 1 for r in rows):
-                break
-            assert asyncio.get_running_loop().time() < deadline, rows
-            await asyncio.sleep(0.05)
+
+        async def opened_rows() -> list[dict]:
+            listing = await get_json(served.url + PROGRAMS)
+            return [row for row in listing["programs"] if row["program_id"] in opened]
+
+        rows = await eventually(
+            opened_rows,
+            lambda rows: len(rows) == len(opened) and all(r["calls_completed"] == 1 for r in rows),
+            timeout_s=60,
+            what="not every program made its first call",
+        )
         engines = [r["engine"] for r in rows]
         assert "engine-1" in engines, f"every first call went to {set(engines)}"
         first_done.set()
@@ -325,14 +325,15 @@ async def test_the_killed_engine_is_restarted_on_its_port_and_serves_again(serve
     wait_for_line(served, r"engine 1 \(\S+\) exited with code 137; restarting it in 1 s", 10)
     back = wait_for_line(served, r"engine 1 \S+ healthy again after restart 1 \(pid (\d+)\)", 600)
     served.engine_pids[1] = int(back[1])
-    deadline = asyncio.get_running_loop().time() + 30
-    while True:  # the router takes it back after one good probe
+
+    async def listed_engines() -> dict[str, dict]:
         listing = await get_json(served.url + "/autellix/v1/engines")
-        engines = {e["name"]: e for e in listing["engines"]}
-        if engines["engine-1"]["healthy"]:
-            break
-        assert asyncio.get_running_loop().time() < deadline, engines
-        await asyncio.sleep(0.2)
+        return {engine["name"]: engine for engine in listing["engines"]}
+
+    # The router takes it back after one good probe.
+    engines = await eventually(
+        listed_engines, lambda engines: engines["engine-1"]["healthy"], timeout_s=30, poll_s=0.2
+    )
     assert engines["engine-1"]["url"] == served.engine_urls[1]
     async with client_for(served) as client:
         programs = await asyncio.gather(
