@@ -63,10 +63,12 @@ def test_results_are_exact_fractions():
     ],
 )
 def test_out_of_bounds_results_are_refused_quickly(expression, message):
+    # Refused before the arithmetic, which for 9**9**9 (370 million digits) would
+    # take far longer; the bound leaves room for a pause of the whole test process.
     start = time.perf_counter()
     with pytest.raises(CalculatorError, match=message):
         evaluate(expression)
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 5
 
 
 @pytest.mark.parametrize(
