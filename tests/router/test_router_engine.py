@@ -113,8 +113,10 @@ async def test_bad_input_gets_openai_errors_and_the_router_keeps_serving(engine,
         status, body = await request("POST", post, json={**good, "max_tokens": -1})
         assert status == 400 and "error" in body and body["error"]["code"] != "invalid_json"
 
+        # The model may sample its end of text first: the answer's text can be empty.
         status, answer = await request("POST", post, json=good)
-        assert status == 200 and answer["choices"][0]["message"]["content"]
+        assert status == 200 and answer["choices"][0]["message"]["role"] == "assistant"
+        assert 1 <= answer["usage"]["completion_tokens"] <= 2
 
 
 async def test_with_an_api_key_every_route_needs_it(engine, start_router):
