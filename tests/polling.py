@@ -1,20 +1,21 @@
 """Waiting in a test for what another process or task will make true.
 
-``wait_until`` polls from a plain test, ``eventually`` from an async one (its
-``fetch`` may be a coroutine function). Both return the value that satisfied
-``until`` and fail the test with the last value seen when time runs out.
-``wait_until_gone`` waits for a process group to empty.
+``wait_until`` polls from a plain test (with the launcher's ``poll_until``),
+``eventually`` from an async one (its ``fetch`` may be a coroutine function).
+Both return the value that satisfied ``until`` and fail the test with the last
+value seen when time runs out. ``wait_until_gone`` waits for a process group
+to empty.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
+from autellix_vllm.engine.launcher import poll_until
 from autellix_vllm.engine.reaper import group_members
 
 T = TypeVar("T")
@@ -29,12 +30,15 @@ def wait_until(
     poll_s: float = 0.05,
     what: Message = "timed out",
 ) -> T:
-    deadline = time.monotonic() + timeout_s
-    while not until(value := fetch()):
-        if time.monotonic() >= deadline:
-            _fail(what, timeout_s, value)
-        time.sleep(poll_s)
-    return value
+    last: list[T] = []
+
+    def holds() -> bool:
+        last[:] = [fetch()]
+        return bool(until(last[0]))
+
+    if not poll_until(holds, timeout_s, poll_s):
+        _fail(what, timeout_s, last[0])
+    return last[0]
 
 
 async def eventually(

@@ -44,11 +44,11 @@ def _tight(kv_blocks: int) -> EnginePreset:
 
 @pytest.mark.parametrize("hints", [False, True], ids=["estimate", "client-hints"])
 def test_a_hint_longer_than_the_estimate_keeps_the_context_through_the_tool(hints):
-    """A's tool takes 20 s, longer than the estimated hold (set here to 4 gaps of the
-    2 s prior: 8 s). B arrives at 10 s, while R keeps the engine busy, and needs A's blocks: with
-    the estimate A's hold has expired and B evicts A's context, so A's next call
-    prefills all of it again; with the hint A is still held, B waits (the working
-    set), and A's next call hits its 4,000 cached tokens."""
+    """A's tool takes 20 s, longer than the estimated hold (set here to 4 gaps of
+    the 2 s prior: 8 s). B arrives at 10 s, while R keeps the engine busy, and needs
+    A's blocks: with the estimate A's hold has expired and B evicts A's context, so
+    A's next call prefills all of it again; with the hint A is still held, B waits
+    (the working set), and A's next call hits its 4,000 cached tokens."""
     preset = _tight(kv_blocks=1000)  # 16,000 tokens
     # No starvation promotion: B waits, breaks nothing.
     config = PolicyConfig(beta=1e9, residency=ResidencyConfig(ttl_gaps=4.0))

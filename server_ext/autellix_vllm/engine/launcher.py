@@ -349,9 +349,9 @@ class EngineProcess:
         # vLLM's engine-core and worker may outlive the API server: wait for the
         # whole group, then kill what is left and wait until the kernel is done.
         _signal_group(process.pid, signal.SIGTERM)
-        if not _wait_until(gone, timeout_s, poll_s=0.2):
+        if not poll_until(gone, timeout_s, poll_s=0.2):
             _signal_group(process.pid, signal.SIGKILL)
-            _wait_until(gone, 5.0, poll_s=0.05)
+            poll_until(gone, 5.0, poll_s=0.05)
         self._join_reader()
 
     def log_tail(self) -> str:
@@ -393,7 +393,7 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _wait_until(condition: Callable[[], bool], timeout_s: float, poll_s: float) -> bool:
+def poll_until(condition: Callable[[], bool], timeout_s: float, poll_s: float) -> bool:
     """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
