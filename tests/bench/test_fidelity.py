@@ -61,17 +61,17 @@ def test_the_preset_is_scaled_to_the_speed_the_engine_probed():
 def test_the_simulator_runs_the_engines_policy_on_the_engines_kv(monkeypatch):
     monkeypatch.delenv("AUTELLIX_POLICY", raising=False)
     plain = FidelitySettings.for_bench(BenchSettings(model="tiny"))
-    assert plain.sim_policies == {"fcfs": "vllm-opt", "autellix": "autellix"}
+    assert plain.sim_policies == {"fcfs": "vllm-opt", "autellix": "autellix"}  # the default
     assert plain.engine_preset() == get_preset("cpu-tiny")
     capped = FidelitySettings.for_bench(
-        BenchSettings(model="smollm2", kv_blocks=96, policy="autellix-kv")
+        BenchSettings(model="smollm2", kv_blocks=96, policy="plas-atlas")
     )
-    assert capped.sim_policies == {"fcfs": "vllm-opt", "autellix": "autellix-kv"}
+    assert capped.sim_policies == {"fcfs": "vllm-opt", "autellix": "plas-atlas"}
     assert capped.engine_preset().kv_blocks == 96
     assert capped.engine_preset(2.0).per_prefill == 2 * get_preset("cpu-smollm2").per_prefill
     # Without --policy the engine runs $AUTELLIX_POLICY's, and so does the simulator.
-    monkeypatch.setenv("AUTELLIX_POLICY", "autellix-kv")
-    assert FidelitySettings.for_bench(BenchSettings()).policy == "autellix-kv"
+    monkeypatch.setenv("AUTELLIX_POLICY", "plas-atlas")
+    assert FidelitySettings.for_bench(BenchSettings()).policy == "plas-atlas"
 
 
 def test_a_preset_is_needed_and_must_exist():
@@ -104,10 +104,10 @@ def test_a_small_run_compares_the_engine_with_its_own_policy_and_kv():
     """Two tiny engines, one after the other, on a KV cap: the simulator runs the
     engine's policy on the engine's blocks, and both sides' counts are reported."""
     bench = BenchSettings(programs=3, model="tiny", workload="agent", max_num_seqs=2,
-                          kv_blocks=24, policy="autellix-kv")  # fmt: skip
+                          kv_blocks=24, policy="autellix")  # fmt: skip
     result = run_fidelity(FidelitySettings.for_bench(bench))
     assert result["settings"]["kv_blocks"] == 24
-    assert result["settings"]["sim_policies"] == {"fcfs": "vllm-opt", "autellix": "autellix-kv"}
+    assert result["settings"]["sim_policies"] == {"fcfs": "vllm-opt", "autellix": "autellix"}
     for side in ("engine", "sim"):
         for scheduler in ("fcfs", "autellix"):
             counts = result["counts"][side][scheduler]

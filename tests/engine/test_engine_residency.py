@@ -15,7 +15,7 @@ from autellix_vllm.engine import testing  # noqa: E402
 
 BLOCK_SIZE = 16  # as the harness (tests/engine/conftest.py)
 
-KV_AWARE = {"AUTELLIX_POLICY": "autellix-kv"}
+KV_AWARE = {"AUTELLIX_POLICY": "autellix"}
 
 
 def request(request_id, program, prompt, max_tokens):
@@ -164,12 +164,12 @@ def test_a_retention_hint_longer_than_the_estimate_keeps_the_hold(harness, monke
 
 @pytest.mark.parametrize(
     ("policy", "victim"),
-    [("autellix-kv", "short"), ("autellix", "long")],
+    [("autellix", "short"), ("plas-atlas", "long")],
 )
 def test_kv_pressure_preempts_the_cheapest_call_of_the_worst_level(harness, policy, victim):
     """Two running calls of one level run out of KV blocks: vLLM's own victim is the
-    core's under autellix-kv (the short context: fewest tokens to recompute), and
-    the latest arrival of the worst level under autellix (here the long context)."""
+    core's under autellix (the short context: fewest tokens to recompute), and
+    the latest arrival of the worst level under plas-atlas (here the long context)."""
     scheduler = harness.scheduler(
         max_num_seqs=4, num_blocks=10, AUTELLIX_LEVELS="0,4,8", AUTELLIX_POLICY=policy
     )

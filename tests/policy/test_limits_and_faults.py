@@ -9,7 +9,7 @@ from autellix_vllm.policy import (
     ANONYMOUS_PREFIX,
     ATLAS,
     PLAS,
-    Autellix,
+    PlasAtlas,
     PolicyConfig,
     ProgramLimits,
     ProgramScheduler,
@@ -31,7 +31,7 @@ def serve(core, call, tokens=1):
 def test_a_thread_chain_deeper_than_the_stack_is_walked_without_recursion():
     depth = sys.getrecursionlimit() + 100
     limits = ProgramLimits(max_threads=depth + 2, max_fork_depth=depth + 1)
-    core = ProgramScheduler(Autellix(), PolicyConfig(limits=limits))
+    core = ProgramScheduler(PlasAtlas(), PolicyConfig(limits=limits))
     serve(core, arrive(core, "root", "chain", thread_id="t0"))
     for k in range(1, depth + 1):
         serve(core, arrive(core, f"c{k}", "chain", thread_id=f"t{k}", parent_thread_id=f"t{k - 1}"))

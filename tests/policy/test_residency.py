@@ -1,7 +1,7 @@
 """KV residency: holds of idle contexts by rank, the working-set rule, victim cost."""
 
 import pytest
-from autellix_vllm.policy import Autellix, AutellixKV, PolicyConfig, Program, ProgramScheduler
+from autellix_vllm.policy import Autellix, PlasAtlas, PolicyConfig, Program, ProgramScheduler
 from autellix_vllm.policy.config import ResidencyConfig
 from autellix_vllm.policy.residency import RELOAD_SPEEDUP, Residency, undo_cost
 from autellix_vllm.policy.table import Call
@@ -125,7 +125,7 @@ def test_undoing_a_preemption_costs_its_recompute_less_what_a_host_tier_reloads(
 
 
 def test_the_core_counts_tool_gaps_and_ranks_idle_programs():
-    core = ProgramScheduler(AutellixKV(), PolicyConfig())
+    core = ProgramScheduler(Autellix(), PolicyConfig())
     first = core.add_call("c1", "p", now_s=0.0)
     core.enqueue(first)
     core.start(first)
@@ -142,8 +142,8 @@ def test_the_core_counts_tool_gaps_and_ranks_idle_programs():
 
 
 def test_only_the_kv_aware_policy_asks_for_residency():
-    assert AutellixKV.kv_aware and not Autellix.kv_aware
-    assert AutellixKV().rank is not None
+    assert Autellix.kv_aware and not PlasAtlas.kv_aware
+    assert Autellix().rank is not None
 
 
 @pytest.mark.parametrize(

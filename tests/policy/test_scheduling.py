@@ -3,20 +3,22 @@
 import pytest
 from autellix_vllm.policy import (
     ATLAS,
+    DEFAULT_POLICY,
     FCFS,
     MLFQ,
     PLAS,
     POLICIES,
     POLICY_NAMES,
     SRPT,
-    Autellix,
     Levels,
+    PlasAtlas,
     Policy,
     PolicyConfig,
     ProgramScheduler,
     ServiceMeter,
     make_policy,
     policies,
+    policy_name,
 )
 
 LEVELS = Levels(boundaries=(0.0, 10.0, 100.0, 1000.0))
@@ -201,13 +203,13 @@ def test_atlas_a_fork_after_a_join_starts_past_the_joined_children():
     assert third.base == 60.0
 
 
-def test_autellix_is_plas_on_one_thread_and_atlas_on_many():
-    core = make(Autellix())
+def test_plas_atlas_is_plas_on_one_thread_and_atlas_on_many():
+    core = make(PlasAtlas())
     first = run_call(core, "a1", "p", 30)
     assert first.base == 0.0
     core.add_call("a2", "p", now_s=0.0, prior_service=500.0)  # router saw more elsewhere
     assert core.add_call("a3", "p", now_s=0.0).base == 500.0
-    multi = make(Autellix())
+    multi = make(PlasAtlas())
     x = multi.add_call("x", "q", now_s=0.0, thread_id="t1", parent_thread_id="main")
     y = multi.add_call("y", "q", now_s=0.0, thread_id="t2", parent_thread_id="main")
     finish_call(multi, x, 30)
@@ -215,11 +217,11 @@ def test_autellix_is_plas_on_one_thread_and_atlas_on_many():
     assert multi.add_call("z", "q", now_s=0.0).base == 40.0  # critical path, not 70
 
 
-def test_autellix_kv_ranks_fork_join_programs_by_total_service():
+def test_autellix_ranks_fork_join_programs_by_total_service():
     """Under residency a wide program's threads share its seats and KV: it ranks by
-    everything its threads attained, not by its critical path as under autellix."""
+    everything its threads attained, not by its critical path as under plas-atlas."""
     ranks = {}
-    for name in ("autellix", "autellix-kv"):
+    for name in ("plas-atlas", "autellix"):
         core = make(make_policy(name))
         threads = []  # three threads in flight together
         for i, tokens in enumerate((30, 40, 40)):
@@ -233,14 +235,14 @@ def test_autellix_kv_ranks_fork_join_programs_by_total_service():
             core.finish(call, now_s=1.0)
         next_call = core.add_call("z", "q", now_s=2.0)
         ranks[name] = (next_call.base, next_call.level, core.program_level(core.table.get("q")))
-    assert ranks["autellix"] == (40.0, 1, 1)  # the longest thread
-    assert ranks["autellix-kv"] == (110.0, 2, 2)  # all three
+    assert ranks["plas-atlas"] == (40.0, 1, 1)  # the longest thread
+    assert ranks["autellix"] == (110.0, 2, 2)  # all three
 
 
-def test_autellix_kv_serves_a_level_in_the_order_its_programs_entered_it():
-    """A program back from a tool keeps its place in its level under autellix-kv;
+def test_autellix_serves_a_level_in_the_order_its_programs_entered_it():
+    """A program back from a tool keeps its place in its level under plas-atlas;
     under autellix its call queues behind programs that came later."""
-    for name, order in (("autellix", ["b1", "a2"]), ("autellix-kv", ["a2", "b1"])):
+    for name, order in (("plas-atlas", ["b1", "a2"]), ("autellix", ["a2", "b1"])):
         core = make(make_policy(name))
         run_call(core, "a1", "a", 5)  # a enters level 0 first and stays there (5 < 10)
         core.enqueue(core.add_call("b1", "b", now_s=1.0))
@@ -248,8 +250,8 @@ def test_autellix_kv_serves_a_level_in_the_order_its_programs_entered_it():
         assert [call.call_id for call in core.waiting.best(2)] == order, name
 
 
-def test_autellix_kv_a_promoted_call_joins_the_tail_of_the_top_level():
-    core = make(make_policy("autellix-kv"), beta=2.0)
+def test_autellix_a_promoted_call_joins_the_tail_of_the_top_level():
+    core = make(make_policy("autellix"), beta=2.0)
     run_call(core, "p1", "p", 50)  # p entered level 0 first, and is in level 1 now
     core.enqueue(core.add_call("q1", "q", now_s=0.0))
     starving = core.add_call("p2", "p", now_s=0.0)
@@ -338,11 +340,19 @@ def test_srpt_ranks_by_remaining_work():
 
 
 def test_make_policy_names():
-    assert make_policy("autellix", "program").variant == "program"
+    assert make_policy("plas-atlas", "program").variant == "program"
     with pytest.raises(ValueError, match="oracle"):
         make_policy("srpt")
     with pytest.raises(ValueError, match="unknown policy 'lottery' \\(choose from fcfs, mlfq"):
         make_policy("lottery")
+
+
+def test_the_default_is_the_kv_aware_order_and_its_old_name_still_works():
+    assert DEFAULT_POLICY == "autellix" and POLICIES[DEFAULT_POLICY].kv_aware
+    with pytest.warns(FutureWarning, match="'autellix-kv' is now called 'autellix'"):
+        assert type(make_policy("autellix-kv")) is POLICIES["autellix"]
+    assert policy_name("plas-atlas") == "plas-atlas"
+    assert policy_name("lottery") == "lottery"  # for the caller's lookup to reject
 
 
 def test_every_policy_class_is_registered_under_its_name():
@@ -353,7 +363,7 @@ def test_every_policy_class_is_registered_under_its_name():
 
     classes = {cls.name: cls for cls in subclasses(Policy) if cls.__module__ == policies.__name__}
     assert classes == POLICIES
-    assert POLICY_NAMES == ("fcfs", "mlfq", "plas", "atlas", "autellix", "autellix-kv", "srpt")
+    assert POLICY_NAMES == ("fcfs", "mlfq", "plas", "atlas", "plas-atlas", "autellix", "srpt")
     for name, cls in POLICIES.items():
         policy = make_policy(name, "program", remaining=lambda program: 0.0)
         assert type(policy) is cls and policy.name == name

@@ -63,9 +63,9 @@ def _single_steps(monkeypatch):
 
 @pytest.mark.parametrize(
     ("policy", "unit", "host_gib"),
-    [("vllm-opt", "tokens", None), ("autellix", "tokens", None), ("vllm-opt", "tokens", 4.0),
-     ("autellix", "tokens", 4.0), ("autellix", "time", 4.0), ("autellix-kv", "tokens", None),
-     ("autellix-kv", "tokens", 4.0)],
+    [("vllm-opt", "tokens", None), ("plas-atlas", "tokens", None), ("vllm-opt", "tokens", 4.0),
+     ("plas-atlas", "tokens", 4.0), ("plas-atlas", "time", 4.0), ("autellix", "tokens", None),
+     ("autellix", "tokens", 4.0)],
 )  # fmt: skip
 def test_macro_steps_give_the_results_of_single_steps(monkeypatch, policy, unit, host_gib):
     """With decode cost growing every step, a macro step of k steps (cut short by
@@ -87,7 +87,7 @@ def test_macro_steps_give_the_results_of_single_steps(monkeypatch, policy, unit,
     assert macro["preemptions"] > 0
     assert macro.get("reloaded_tokens", 0) == single.get("reloaded_tokens", 0)
     # Holds keep autellix-kv's contexts on the GPU here: nothing needs reloading.
-    assert macro.get("reloaded_tokens", 0) > 0 or host_gib is None or policy == "autellix-kv"
+    assert macro.get("reloaded_tokens", 0) > 0 or host_gib is None or policy == "autellix"
     assert macro["demotions"] > 0 or policy == "vllm-opt"
     assert macro["promotions"] > 0 or unit == "tokens"
 
@@ -168,5 +168,5 @@ def test_a_context_the_host_tier_keeps_is_held_for_fewer_gaps(host_gib):
     ))  # fmt: skip
     r = ProgramSpec("R", 0.0, (CallSpec("r1", 3000, 16),))  # decodes for ~27 s
     run = dict(preset="a100-llama8b-kv", kv_offload_gib=host_gib)
-    metrics = simulate([a, r], "autellix-kv", **run).metrics
+    metrics = simulate([a, r], "autellix", **run).metrics
     assert (metrics["holds_taken"], metrics["holds_expired"]) == ((0, 1) if host_gib else (1, 0))

@@ -60,7 +60,7 @@ def test_a_hint_longer_than_the_estimate_keeps_the_context_through_the_tool(hint
     r = ProgramSpec("R", 0.0, (CallSpec("r1", 3000, 16),))  # decodes for ~27 s
     b = ProgramSpec("B", 10.0, (CallSpec("b1", 1, 11_000),))
     metrics = simulate(
-        [a, r, b], "autellix-kv", preset=preset, config=config, retention_hints=hints
+        [a, r, b], "autellix", preset=preset, config=config, retention_hints=hints
     ).metrics
 
     hit_tokens = metrics["prefix_hit_rate"] * (4000 + 16 + 11_000 + 4100)
@@ -80,8 +80,8 @@ def test_hints_change_only_kv_aware_runs_and_off_is_the_default():
         out.pop("sim_seconds")
         return out
 
-    kv_default = metrics("autellix-kv")
-    assert kv_default == metrics("autellix-kv", retention_hints=False)
-    assert kv_default != metrics("autellix-kv", retention_hints=True)
-    for policy in ("vllm-opt", "autellix"):
+    kv_default = metrics("autellix")
+    assert kv_default == metrics("autellix", retention_hints=False)
+    assert kv_default != metrics("autellix", retention_hints=True)
+    for policy in ("vllm-opt", "plas-atlas"):
         assert metrics(policy) == metrics(policy, retention_hints=True)

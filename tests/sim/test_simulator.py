@@ -66,7 +66,7 @@ def test_every_call_completes_exactly_once(policy):
     assert result.metrics["calls"] == total
     assert result.metrics["calls_completed"] == total
     assert set(result.latency_per_token) == {p.program_id for p in programs}
-    if policy in ("plas", "autellix"):
+    if policy in ("plas", "plas-atlas"):
         assert result.metrics["preemptions"] > 0
 
 
@@ -99,7 +99,7 @@ def test_workloads_match_the_papers_statistics():
 
 def test_sim_policies_are_the_core_policies_and_two_vllm_baselines():
     assert list(SIM_POLICIES) == [
-        "vllm", "vllm-opt", "mlfq", "plas", "atlas", "autellix", "autellix-kv", "srpt",
+        "vllm", "vllm-opt", "mlfq", "plas", "atlas", "plas-atlas", "autellix", "srpt",
     ]  # fmt: skip
     assert {core for core, _ in SIM_POLICIES.values()} == set(POLICY_NAMES)
     assert SIM_POLICIES["vllm"] == ("fcfs", False) and SIM_POLICIES["vllm-opt"] == ("fcfs", True)
@@ -240,5 +240,5 @@ def test_a_step_whose_preemptions_leave_it_empty_admits_at_once():
     preempted: an engine that then went idle waited for an event that never came,
     and 70 programs never finished."""
     programs = generate("agent", 120, 0.02, 1)
-    metrics = simulate(programs, "autellix-kv", preset="a100-llama8b-kv", retention_hints=True)
+    metrics = simulate(programs, "autellix", preset="a100-llama8b-kv", retention_hints=True)
     assert metrics.metrics["calls_completed"] == metrics.metrics["calls"]

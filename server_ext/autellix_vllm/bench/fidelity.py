@@ -35,8 +35,8 @@ from autellix_vllm.bench.engine import (
     scaled_levels,
     settings_summary,
 )
-from autellix_vllm.engine.settings import DEFAULT_POLICY, SchedulerSettings
-from autellix_vllm.policy import Levels, PolicyConfig
+from autellix_vllm.engine.settings import SchedulerSettings
+from autellix_vllm.policy import DEFAULT_POLICY, Levels, PolicyConfig
 from autellix_vllm.sim.presets import EnginePreset, get_preset
 from autellix_vllm.sim.run import simulate
 from autellix_vllm.workloads.trace import ProgramSpec

@@ -15,6 +15,7 @@ import importlib
 import json
 import pkgutil
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,8 +100,14 @@ def _command_parser(
         parser = choices.choices[getattr(args, choices.dest)]
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any) -> str:
+    """A warning as one line, for a user at a terminal (no source line)."""
+    return f"autellix: {category.__name__}: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.formatwarning = _one_line_warning
     # Only import the module of the command asked for; `--help` lists them all.
     wanted = {argv[0]: COMMANDS[argv[0]]} if argv and argv[0] in COMMANDS else None
     parser = build_parser(wanted)

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from autellix_vllm.cli import UsageError, print_result
+from autellix_vllm.cli._arguments import checked
 from autellix_vllm.engine.launcher import SCHEDULERS
 from autellix_vllm.engine.models import MODELS
-from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES
+from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES, engine_policy
+from autellix_vllm.policy import DEFAULT_POLICY
 from autellix_vllm.workloads import WORKLOAD_SPECS
 
 FIDELITY_QUICK_PROGRAMS = 8
@@ -115,8 +117,8 @@ def _add_workload_arguments(
         " --num-gpu-blocks-override): a KV-bound engine (default: no cap)",
     )  # fmt: skip
     parser.add_argument(
-        "--policy", choices=ENGINE_POLICY_NAMES,
-        help="the policy of the autellix scheduler (default: the engine's, autellix)",
+        "--policy", type=checked(engine_policy), metavar="{" + ",".join(ENGINE_POLICY_NAMES) + "}",
+        help=f"the policy of the autellix scheduler (default: the engine's, {DEFAULT_POLICY})",
     )  # fmt: skip
 
 

@@ -40,7 +40,7 @@ from autellix_vllm.engine.launcher import (
 )
 from autellix_vllm.engine.models import MODELS, ModelNotInstalledError, check_installed
 from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES, engine_policy, positive_number
-from autellix_vllm.policy import Levels
+from autellix_vllm.policy import DEFAULT_POLICY, Levels
 from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
 
 # What `autellix engine` and `autellix serve` serve without --model: the real
@@ -139,7 +139,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         type=checked(engine_policy),
         metavar="{" + ",".join(ENGINE_POLICY_NAMES) + "}",
-        help="the Autellix scheduler's policy (default: $AUTELLIX_POLICY, else autellix)",
+        help=f"the Autellix scheduler's policy (default: $AUTELLIX_POLICY, else {DEFAULT_POLICY})",
     )
     parser.add_argument(
         "--beta",

@@ -9,7 +9,15 @@ from typing import Any
 from autellix_vllm.cli import UsageError, print_result
 from autellix_vllm.cli._arguments import checked
 
-from ..policy import BALANCER_NAMES, Levels, PolicyConfig, ServiceMeter
+from ..policy import (
+    BALANCER_NAMES,
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    Levels,
+    PolicyConfig,
+    ServiceMeter,
+    policy_name,
+)
 from ..sim.presets import PRESETS
 from ..sim.run import SIM_POLICIES, simulate
 from ..workloads import AGENT_MAX_CONTEXT, WORKLOAD_SPECS, generate, get_workload
@@ -45,7 +53,7 @@ def _positive(kind: type) -> Any:
 
 def _names(allowed: tuple[str, ...] | list[str]) -> Any:
     def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
+        names = [policy_name(n.strip()) for n in text.split(",") if n.strip()]
         bad = [n for n in names if n not in allowed]
         if bad or not names:
             raise argparse.ArgumentTypeError(
@@ -159,8 +167,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     run = commands.add_parser("run", help="one simulation: latency per token and more")
     _add_engine_args(run)
     run.add_argument(
-        "--policy", choices=sorted(SIM_POLICIES), default="autellix", help="the scheduling policy"
-    )
+        "--policy", type=policy_name, choices=sorted(SIM_POLICIES), default=DEFAULT_POLICY,
+        help=f"the scheduling policy (default: {DEFAULT_POLICY})",
+    )  # fmt: skip
     run.add_argument("--rate", type=_positive(float), default=1.0, help="programs per second")
     run.add_argument(
         "--lb", choices=BALANCER_NAMES, default="round-robin",
@@ -175,10 +184,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--policies",
         "--policy",
         type=_names(sorted(SIM_POLICIES)),
-        default=["vllm-opt", "autellix"],
+        default=["vllm-opt", DEFAULT_POLICY],
         metavar="POLICIES",
         help=f"comma-separated, of {', '.join(sorted(SIM_POLICIES))}; the first is the"
-        " baseline of the ratios (default: vllm-opt,autellix)",
+        f" baseline of the ratios (default: vllm-opt,{DEFAULT_POLICY})",
     )
     sweep.add_argument(
         "--lb",
@@ -206,10 +215,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )  # fmt: skip
     sweep.set_defaults(func=_sweep)
 
+    _add_matrix_parser(commands)
+
     bench = commands.add_parser("bench-policy", help="time per scheduling step of the core")
     bench.add_argument("--running", type=_positive(int), default=256, help="calls in the batch")
     bench.add_argument("--waiting", type=_positive(int), default=1000, help="calls queued")
     bench.add_argument("--steps", type=_positive(int), default=2000, help="steps timed")
+    bench.add_argument(
+        "--policy", type=policy_name, choices=POLICY_NAMES, default=DEFAULT_POLICY,
+        help=f"the policy timed (default: {DEFAULT_POLICY})",
+    )  # fmt: skip
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.set_defaults(func=_bench)
 
@@ -298,10 +313,82 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_matrix_parser(commands: argparse._SubParsersAction) -> None:
+    from ..sim.matrix import (
+        LATENCY_TOLERANCE,
+        MATRIX_POLICIES,
+        MATRIX_SETTINGS,
+        MATRIX_WORKLOADS,
+        RATE_MULTIPLES,
+        setting,
+    )
+
+    matrix = commands.add_parser(
+        "matrix",
+        help=f"does {DEFAULT_POLICY} ever lose? every policy swept in every setting",
+        description=f"For each engine setting and workload: each policy's highest rate within"
+        f" the SLO and its ratio to vllm-opt's, then {DEFAULT_POLICY}'s average latency per"
+        " token against vllm-opt's at fixed fractions of vllm-opt's highest rate. A cell is"
+        f" met when {DEFAULT_POLICY}'s highest rate is at least vllm-opt's and mlfq's and"
+        f" its latency is at most {LATENCY_TOLERANCE}x vllm-opt's at every fixed rate."
+        " One row per cell as it is done (the whole default matrix takes hours on 2 cores).",
+    )
+    matrix.add_argument(
+        "--workloads", type=_names(list(WORKLOAD_SPECS)), default=list(MATRIX_WORKLOADS),
+        help=f"comma-separated (default: {','.join(MATRIX_WORKLOADS)})",
+    )  # fmt: skip
+    matrix.add_argument(
+        "--settings", type=checked(lambda text: [setting(t) for t in text.split(",")]),
+        default=list(MATRIX_SETTINGS),
+        help="comma-separated engine settings PRESET[+HOST_GIB][xENGINES] (default:"
+        f" {','.join(s.label for s in MATRIX_SETTINGS)})",
+    )  # fmt: skip
+    matrix.add_argument(
+        "--policies", type=_names(sorted(SIM_POLICIES)), default=list(MATRIX_POLICIES),
+        help=f"comma-separated, vllm-opt first (default: {','.join(MATRIX_POLICIES)})",
+    )  # fmt: skip
+    matrix.add_argument(
+        "--multiples", type=checked(lambda text: [float(m) for m in text.split(",")]),
+        default=list(RATE_MULTIPLES),
+        help="fractions of vllm-opt's highest rate where the latencies are compared"
+        f" (default: {','.join(f'{m:g}' for m in RATE_MULTIPLES)})",
+    )  # fmt: skip
+    matrix.add_argument("--seed", type=int, default=0, help="the workload generator's seed")
+    matrix.add_argument(
+        "--workers", type=_positive(int), default=2, help="processes that simulate at once"
+    )
+    matrix.add_argument("--json", action="store_true", help="print one JSON object per cell")
+    matrix.set_defaults(func=_matrix)
+
+
+def _matrix(args: argparse.Namespace) -> int:
+    import json
+
+    from ..sim.matrix import format_header, format_row, matrix
+
+    cells = matrix(
+        args.workloads, args.settings, policies=args.policies, seed=args.seed,
+        multiples=args.multiples, workers=args.workers,
+    )  # fmt: skip
+    if not args.json:
+        print(format_header(args.policies), flush=True)
+    misses = 0
+    try:
+        for cell in cells:
+            misses += bool(cell["misses"])
+            print(json.dumps(cell) if args.json else format_row(cell, args.policies), flush=True)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not args.json:
+        print(f"{misses} cell(s) missed; +: within the SLO at the search limit")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from ..sim.bench_policy import bench_policy
 
-    print_result(bench_policy(args.running, args.waiting, steps=args.steps), args.json)
+    result = bench_policy(args.running, args.waiting, steps=args.steps, policy=args.policy)
+    print_result(result, args.json)
     return 0
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from autellix_vllm.policy import (
+    DEFAULT_POLICY,
     POLICIES,
     Levels,
     PolicyConfig,
@@ -38,6 +39,7 @@ from autellix_vllm.policy import (
     ProgramScheduler,
     ServiceMeter,
     make_policy,
+    policy_name,
 )
 from autellix_vllm.policy.config import ServiceUnit
 from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
@@ -64,7 +66,6 @@ VARIABLES = (
     MAX_LIVE_CALLS,
 )
 
-DEFAULT_POLICY = "autellix"
 # Every core policy but the clairvoyant ones, which need each program's future.
 ENGINE_POLICY_NAMES = tuple(name for name, policy in POLICIES.items() if not policy.clairvoyant)
 
@@ -74,7 +75,9 @@ class SettingError(ValueError):
 
 
 def engine_policy(name: str) -> str:
-    """``name`` if a real engine can run that policy, else a ValueError saying why."""
+    """``name`` (its current name, if deprecated) if a real engine can run that
+    policy, else a ValueError saying why."""
+    name = policy_name(name)
     if name not in POLICIES:
         raise ValueError(unknown("policy", name, ENGINE_POLICY_NAMES))
     if POLICIES[name].clairvoyant:

@@ -4,8 +4,9 @@ The vLLM scheduler, the router and the simulator all drive these objects, so
 the scheduling math exists exactly once:
 
 * :class:`ProcessTable` (``table``): programs, threads, calls and their counters;
-* policies (``policies``): FCFS, MLFQ, PLAS, ATLAS, Autellix and the SRPT oracle,
-  registered by name in ``POLICIES``;
+* policies (``policies``): FCFS, MLFQ, PLAS, ATLAS, the paper's PLAS/ATLAS
+  order, Autellix (the KV-aware default) and the SRPT oracle, registered by name
+  in ``POLICIES``;
 * :class:`ProgramScheduler` (``core``): levels, demotion, anti-starvation and
   preemption choices around a policy;
 * balancers (``routing``): the locality-aware rule and its baselines, registered
@@ -29,6 +30,8 @@ from .config import (
 from .core import ANONYMOUS_PREFIX, Counters, ProgramScheduler
 from .policies import (
     ATLAS,
+    DEFAULT_POLICY,
+    DEPRECATED_POLICY_NAMES,
     FCFS,
     MLFQ,
     PLAS,
@@ -36,9 +39,10 @@ from .policies import (
     POLICY_NAMES,
     SRPT,
     Autellix,
-    AutellixKV,
+    PlasAtlas,
     Policy,
     make_policy,
+    policy_name,
 )
 from .queue import WaitQueue
 from .routing import (
@@ -65,11 +69,12 @@ __all__ = [
     "MAIN_THREAD",
     "MLFQ",
     "PLAS",
+    "DEFAULT_POLICY",
+    "DEPRECATED_POLICY_NAMES",
     "POLICIES",
     "POLICY_NAMES",
     "SRPT",
     "Autellix",
-    "AutellixKV",
     "Balancer",
     "Call",
     "CallState",
@@ -79,6 +84,7 @@ __all__ = [
     "LeastUsed",
     "Levels",
     "Locality",
+    "PlasAtlas",
     "Policy",
     "PolicyConfig",
     "ProcessTable",
@@ -94,4 +100,5 @@ __all__ = [
     "WaitQueue",
     "make_balancer",
     "make_policy",
+    "policy_name",
 ]

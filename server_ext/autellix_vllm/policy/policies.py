@@ -16,6 +16,7 @@ where the engine, the router and the simulator look policies up
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import ClassVar
@@ -151,8 +152,9 @@ class ATLAS(Policy):
         call.thread.critical_path = max(call.thread.critical_path, path)
 
 
-class Autellix(ATLAS):
-    """PLAS for single-threaded programs, ATLAS for multi-threaded ones.
+class PlasAtlas(ATLAS):
+    """The paper's KV-blind order: PLAS for single-threaded programs, ATLAS for
+    multi-threaded ones.
 
     On a program with one thread the critical path is the running sum of its
     calls' service, so both give the same rank from this engine's own counts; PLAS
@@ -160,7 +162,7 @@ class Autellix(ATLAS):
     service), which a critical path cannot split across threads.
     """
 
-    name = "autellix"
+    name = "plas-atlas"
 
     def base(self, call: Call) -> float:
         if call.program.multi_threaded:
@@ -173,10 +175,10 @@ class Autellix(ATLAS):
         return max(program.critical_path, program.attained_service)
 
 
-class AutellixKV(PLAS):
-    """PLAS for every program, with the engine's KV managed by program
-    (policy.residency): idle contexts held by rank, admission by working set,
-    cheap victims first.
+class Autellix(PLAS):
+    """The default: PLAS for every program, with the engine's KV managed by
+    program (policy.residency): idle contexts held by rank, admission by working
+    set, cheap victims first.
 
     Fork/join programs rank by their total service too, not by their critical
     path (ATLAS): holds and the working set are per program, and a wide program's
@@ -188,7 +190,7 @@ class AutellixKV(PLAS):
     ``critical_path`` is not tracked (it stays 0 in the process table).
     """
 
-    name = "autellix-kv"
+    name = "autellix"
     kv_aware = True
 
     def rank(self, call: Call) -> Rank:
@@ -234,9 +236,31 @@ class SRPT(Policy):
 
 POLICY_NAMES = tuple(POLICIES)
 
+# What every engine, router, simulation and benchmark runs unless told otherwise.
+DEFAULT_POLICY = Autellix.name
+
+# Old name -> current name. An old name still works, with a warning, for a while.
+DEPRECATED_POLICY_NAMES = {"autellix-kv": Autellix.name}
+
+
+def policy_name(name: str) -> str:
+    """``name``, or the current name of a deprecated one (with a FutureWarning).
+
+    Unknown names pass through unchanged, for the caller's lookup to reject.
+    """
+    current = DEPRECATED_POLICY_NAMES.get(name)
+    if current is None:
+        return name
+    warnings.warn(
+        f"policy {name!r} is now called {current!r} (the default); {name!r} will go",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return current
+
 
 def make_policy(
     name: str, atlas_variant: AtlasVariant = "thread", remaining: Remaining | None = None
 ) -> Policy:
     """Build a policy by name (``srpt`` needs the oracle ``remaining``)."""
-    return lookup(POLICIES, name, "policy").build(atlas_variant, remaining)
+    return lookup(POLICIES, policy_name(name), "policy").build(atlas_variant, remaining)

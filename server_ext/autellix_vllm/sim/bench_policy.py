@@ -14,7 +14,7 @@ import statistics
 import time
 from typing import Any
 
-from ..policy import PolicyConfig, ProgramScheduler, make_policy
+from ..policy import DEFAULT_POLICY, PolicyConfig, ProgramScheduler, make_policy
 from ..stats import percentile
 
 
@@ -24,7 +24,7 @@ def bench_policy(
     programs: int = 500,
     steps: int = 2000,
     finish_per_step: int = 4,
-    policy: str = "autellix",
+    policy: str = DEFAULT_POLICY,
     seed: int = 0,
 ) -> dict[str, Any]:
     rng = random.Random(seed)

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..policy import (
+    DEFAULT_POLICY,
     POLICY_NAMES,
     EngineLoad,
     PolicyConfig,
     ProgramScheduler,
     make_balancer,
     make_policy,
+    policy_name,
 )
 from ..registry import lookup
 from ..stats import percentile
@@ -123,7 +125,7 @@ class Simulation:
         end_programs: bool = True,
         retention_hints: bool = False,
     ) -> None:
-        core_policy, prefix_caching = lookup(SIM_POLICIES, policy, "policy")
+        core_policy, prefix_caching = lookup(SIM_POLICIES, policy_name(policy), "policy")
         if engines < 1:
             raise ValueError("need at least one engine")
         base = get_preset(preset) if isinstance(preset, str) else preset
@@ -399,7 +401,7 @@ def retention_hints_of(program: ProgramSpec) -> dict[str, float | None]:
 
 def simulate(
     programs: list[ProgramSpec],
-    policy: str = "autellix",
+    policy: str = DEFAULT_POLICY,
     *,
     engines: int = 1,
     lb: str = "round-robin",

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..policy import Levels, PolicyConfig, ServiceMeter
+from ..policy import DEFAULT_POLICY, Levels, PolicyConfig, ServiceMeter
 from ..workloads import generate, get_workload
 from .run import simulate
 
@@ -39,7 +39,7 @@ class Candidate:
     table: str  # what the table varies, e.g. "beta"
     label: str
     config: PolicyConfig
-    policy: str = "autellix"
+    policy: str = DEFAULT_POLICY
 
 
 def candidates(workloads: list[str]) -> list[Candidate]:

@@ -1,0 +1,61 @@
+"""The matrix of the default against the other policies (``autellix simulate matrix``)."""
+
+import pytest
+from autellix_vllm.cli import main
+from autellix_vllm.sim.matrix import MATRIX_SETTINGS, EngineSetting, matrix, setting, verdict
+
+
+def test_a_setting_reads_as_its_label_writes_it():
+    assert setting("a100-llama8b") == EngineSetting("a100-llama8b", None, 1)
+    assert setting("a100-llama8b-kv+64x4") == EngineSetting("a100-llama8b-kv", 64.0, 4)
+    assert setting("a100-llama8b-kv+0.5") == EngineSetting("a100-llama8b-kv", 0.5, 1)
+    for where in MATRIX_SETTINGS:
+        assert setting(where.label) == where
+    assert {where.lb for where in MATRIX_SETTINGS} == {"round-robin", "locality"}
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("h100", "unknown preset 'h100'"), ("a100-llama8b+x", "not an engine setting"),
+     ("a100-llama8bx0", "at least one engine"), ("unit+8", "no KV size per token")],
+)  # fmt: skip
+def test_a_bad_setting_is_one_error_naming_it(text, problem):
+    with pytest.raises(ValueError, match=problem):
+        setting(text)
+
+
+def _cell(max_rate, ratios, stopped=False):
+    latency = {m: {"ratio": r, "stopped_early": stopped} for m, r in ratios.items()}
+    return {"max_rate": max_rate, "latency": latency}
+
+
+def test_the_verdict_names_each_miss():
+    met = _cell({"vllm-opt": 1.0, "mlfq": 1.1, "autellix": 1.2}, {0.5: 1.0, 1.5: 1.05})
+    assert verdict(met) == []
+    slow = _cell({"vllm-opt": 1.0, "mlfq": 1.3, "autellix": 1.2}, {0.5: 1.2, 1.0: 0.9}, True)
+    assert verdict(slow) == ["max rate 0.92x mlfq's", "latency >= 1.20x at 0.5x"]
+    assert verdict(_cell({"vllm-opt": 2.0, "autellix": 1.0}, {1.0: 1.0})) == [
+        "max rate 0.50x vllm-opt's"
+    ]
+
+
+def test_a_small_matrix_compares_the_default_with_the_baseline():
+    (cell,) = matrix(
+        ["bfcl"], [setting("a100-llama8b")], policies=["vllm-opt", "autellix"],
+        duration=20, multiples=[0.5, 1.0], workers=1,
+    )  # fmt: skip
+    assert cell["setting"] == "a100-llama8bx1" and cell["workload"] == "bfcl"
+    assert set(cell["max_rate"]) == {"vllm-opt", "autellix"} and cell["ratio"]["vllm-opt"] == 1.0
+    base = cell["max_rate"]["vllm-opt"]
+    for multiple, point in cell["latency"].items():
+        assert point["rate"] == pytest.approx(multiple * base)
+        assert point["ratio"] == pytest.approx(point["autellix"] / point["vllm-opt"])
+    assert cell["misses"] == verdict(cell)
+
+
+def test_the_matrix_wants_the_baseline_first_and_the_default_among_the_policies(capsys):
+    with pytest.raises(ValueError, match="name vllm-opt first"):
+        next(matrix(["bfcl"], [setting("a100-llama8b")], policies=["mlfq", "autellix"]))
+    code = main(["simulate", "matrix", "--workloads", "bfcl", "--policies", "vllm-opt,mlfq"])
+    assert code == 2
+    assert "name vllm-opt first and autellix among the policies" in capsys.readouterr().err
