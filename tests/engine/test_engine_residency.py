@@ -70,7 +70,7 @@ def test_a_held_context_is_not_evicted_and_its_next_call_hits_it(harness):
 
 
 def test_without_residency_the_big_call_evicts_the_idle_context(harness):
-    scheduler, b_admitted, hit = scenario(harness, {})
+    scheduler, b_admitted, hit = scenario(harness, {"AUTELLIX_POLICY": "plas-atlas"})
     assert b_admitted
     assert hit < 96
     assert "residency" not in scheduler.autellix_snapshot()

@@ -19,6 +19,9 @@ from autellix_vllm.engine.scheduler import ANONYMOUS_PREFIX  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 SMALL_LEVELS = {"AUTELLIX_LEVELS": "0,4,8"}
+# The paper's KV-blind order, for what only it does: the level as vLLM's priority
+# (the default sets the KV victim order there), critical paths, vLLM's own KV victim.
+PAPER_ORDER = {"AUTELLIX_POLICY": "plas-atlas"}
 # An engine with a key honours the prior service calls carry (its middleware
 # drops the field from callers without the key); one without ignores it.
 KEYED = {"AUTELLIX_ENGINE_KEY": "test-key"}
@@ -58,7 +61,7 @@ def test_a_program_that_ran_long_waits_behind_a_short_one(harness):
 
 
 def test_running_call_is_demoted_as_it_attains_service(harness):
-    scheduler = harness.scheduler(**SMALL_LEVELS)
+    scheduler = harness.scheduler(**SMALL_LEVELS, **PAPER_ORDER)
     request = harness.request("a", program="A", prompt_len=8, max_tokens=12)
     scheduler.add_request(request)
     levels = []
@@ -132,7 +135,7 @@ def test_anti_starvation_promotes_a_long_waiting_call(harness):
 
 
 def test_atlas_threads_inherit_the_critical_path(harness):
-    scheduler = harness.scheduler(**SMALL_LEVELS)
+    scheduler = harness.scheduler(**SMALL_LEVELS, **PAPER_ORDER)
     scheduler.add_request(harness.request("root", program="P", thread="main", max_tokens=5))
     harness.run_until_idle(scheduler)
     root_service = program(scheduler, "P")["critical_path"]
@@ -187,7 +190,7 @@ def test_a_call_without_identity_is_its_own_program_and_session_id_is_a_fallback
 
 def test_kv_pressure_preempts_a_lower_level_call_for_a_better_waiter(harness):
     # 10 blocks of 16 tokens (9 usable); seats are plentiful, KV is not.
-    scheduler = harness.scheduler(max_num_seqs=4, num_blocks=10, **SMALL_LEVELS)
+    scheduler = harness.scheduler(max_num_seqs=4, num_blocks=10, **SMALL_LEVELS, **PAPER_ORDER)
     hog = harness.request("hog", program="hog", prompt_len=100, max_tokens=30)
     scheduler.add_request(hog)
     for _ in range(8):
@@ -469,6 +472,8 @@ def test_failing_step_hooks_are_counted_and_the_calls_still_complete(harness, mo
     failures = scheduler.autellix_snapshot()["hook_failures"]
     assert set(failures) == {"preemption", "charge", "advance", "finish"}
     assert scheduler.calls == {} and not scheduler.has_requests()
+    # The programs' idle contexts are held until they end: then nothing is left.
+    assert scheduler.autellix_end_program("long") and scheduler.autellix_end_program("short")
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 999
 
 
