@@ -50,6 +50,16 @@ class Recorded:
     def parent(self) -> str:
         return self.identity.get("parent-thread-id", "")
 
+    @property
+    def has_tool_results(self) -> bool:
+        """Whether the prompt holds the output of a tool call (the model asked for one)."""
+        items = self.body.get("messages") or self.body.get("input") or []
+        return isinstance(items, list) and any(
+            isinstance(item, dict)
+            and (item.get("role") == "tool" or item.get("type") == "function_call_output")
+            for item in items
+        )
+
     def text(self) -> str:
         """The call's prompt as one string: messages (chat) or input items (responses)."""
         items = self.body.get("messages") or self.body.get("input") or []
