@@ -82,9 +82,7 @@ async def ended_row(url: str, program_id: str) -> dict | None:
 
 EXAMPLES = [
     pytest.param(openai_agents_research, ("--api", "responses"), True, id="agents-sdk-responses"),
-    pytest.param(
-        openai_agents_research, ("--api", "chat_completions"), True, id="agents-sdk-chat"
-    ),
+    pytest.param(openai_agents_research, ("--api", "chat_completions"), True, id="agents-sdk-chat"),
     pytest.param(langgraph_research, (), False, id="langgraph"),
     pytest.param(pydantic_ai_research, (), True, id="pydantic-ai"),
 ]
