@@ -84,7 +84,7 @@ def build_graph(endpoint: Endpoint) -> CompiledStateGraph:
     return graph.compile()
 
 
-@program
+@program(name="langgraph-research")
 async def research(
     endpoint: Endpoint, question: str, passages: list[Passage], report: ProgramReport
 ) -> str:

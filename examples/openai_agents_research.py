@@ -85,7 +85,7 @@ async def run_agent(agent: Agent, prompt: str) -> str | None:
     return str(result.final_output)
 
 
-@program
+@program(name="agents-sdk-research")
 async def research(
     endpoint: Endpoint, question: str, passages: list[Passage], report: ProgramReport
 ) -> str:

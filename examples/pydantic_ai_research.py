@@ -71,7 +71,7 @@ async def run_agent(agent: Agent[None, str], prompt: str) -> str | None:
     return result.output
 
 
-@program
+@program(name="pydantic-ai-research")
 async def research(
     endpoint: Endpoint, question: str, passages: list[Passage], report: ProgramReport
 ) -> str:
