@@ -21,6 +21,7 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 import autellix
+import research as task
 from _common import Endpoint, ProgramReport, run_example
 from autellix import program
 from knowledge_base import Passage
@@ -29,18 +30,6 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Send
-from research import (
-    NO_ANSWER,
-    READER_INSTRUCTIONS,
-    READER_MAX_TOKENS,
-    WRITER_INSTRUCTIONS,
-    WRITER_MAX_TOKENS,
-    note_program,
-    reader_prompt,
-    research_parser,
-    run_research,
-    writer_prompt,
-)
 
 
 class ResearchState(TypedDict):
@@ -58,21 +47,23 @@ class ReadTask(TypedDict):
 def build_graph(endpoint: Endpoint) -> CompiledStateGraph:
     """read (one per passage, in parallel) -> write."""
     clients = autellix.langchain_clients(endpoint.client)
-    reader = ChatOpenAI(model=endpoint.model, max_tokens=READER_MAX_TOKENS, **clients)
-    writer = ChatOpenAI(model=endpoint.model, max_tokens=WRITER_MAX_TOKENS, **clients)
+    reader = ChatOpenAI(model=endpoint.model, max_tokens=task.READER_MAX_TOKENS, **clients)
+    writer = ChatOpenAI(model=endpoint.model, max_tokens=task.WRITER_MAX_TOKENS, **clients)
 
     def fan_out(state: ResearchState) -> list[Send]:
         question = state["question"]
         return [Send("read", ReadTask(question=question, passage=p)) for p in state["passages"]]
 
-    async def read(task: ReadTask) -> dict[str, Any]:
-        prompt = reader_prompt(task["question"], task["passage"])
-        reply = await reader.ainvoke([SystemMessage(READER_INSTRUCTIONS), HumanMessage(prompt)])
+    async def read(branch: ReadTask) -> dict[str, Any]:
+        prompt = task.reader_prompt(branch["question"], branch["passage"])
+        instructions = SystemMessage(task.READER_INSTRUCTIONS)
+        reply = await reader.ainvoke([instructions, HumanMessage(prompt)])
         return {"notes": [reply.text]}
 
     async def write(state: ResearchState) -> dict[str, Any]:
-        prompt = writer_prompt(state["question"], state["notes"])
-        reply = await writer.ainvoke([SystemMessage(WRITER_INSTRUCTIONS), HumanMessage(prompt)])
+        prompt = task.writer_prompt(state["question"], state["notes"])
+        instructions = SystemMessage(task.WRITER_INSTRUCTIONS)
+        reply = await writer.ainvoke([instructions, HumanMessage(prompt)])
         return {"answer": reply.text}
 
     graph = StateGraph(ResearchState)
@@ -91,16 +82,16 @@ async def research(
     state = await build_graph(endpoint).ainvoke(
         {"question": question, "passages": passages, "notes": []}
     )
-    await note_program(endpoint, report)
-    return state["answer"].strip() or NO_ANSWER
+    await task.note_program(endpoint, report)
+    return state["answer"].strip() or task.NO_ANSWER
 
 
 async def main(args: argparse.Namespace, endpoint: Endpoint) -> list[ProgramReport]:
-    return await run_research(args, endpoint, "langgraph", research)
+    return await task.run_research(args, endpoint, "langgraph", research)
 
 
 def parser() -> argparse.ArgumentParser:
-    return research_parser(__doc__ or "")
+    return task.research_parser(__doc__ or "")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import research as task
 from _common import Endpoint, ProgramReport, run_example
 from agents import (
     Agent,
@@ -37,20 +38,6 @@ from agents import (
 )
 from autellix import program
 from knowledge_base import Passage
-from research import (
-    MAX_TURNS,
-    NO_ANSWER,
-    READER_INSTRUCTIONS,
-    READER_MAX_TOKENS,
-    WRITER_INSTRUCTIONS,
-    WRITER_MAX_TOKENS,
-    lookup,
-    note_program,
-    reader_prompt,
-    research_parser,
-    run_research,
-    writer_prompt,
-)
 
 API_CHOICES = ("responses", "chat_completions")
 
@@ -59,16 +46,16 @@ def build_agents(model: str) -> tuple[Agent, Agent]:
     """The reader (with the lookup tool) and the writer."""
     reader = Agent(
         name="reader",
-        instructions=READER_INSTRUCTIONS,
+        instructions=task.READER_INSTRUCTIONS,
         model=model,
-        tools=[function_tool(lookup)],
-        model_settings=ModelSettings(max_tokens=READER_MAX_TOKENS),
+        tools=[function_tool(task.lookup)],
+        model_settings=ModelSettings(max_tokens=task.READER_MAX_TOKENS),
     )
     writer = Agent(
         name="writer",
-        instructions=WRITER_INSTRUCTIONS,
+        instructions=task.WRITER_INSTRUCTIONS,
         model=model,
-        model_settings=ModelSettings(max_tokens=WRITER_MAX_TOKENS),
+        model_settings=ModelSettings(max_tokens=task.WRITER_MAX_TOKENS),
     )
     return reader, writer
 
@@ -79,7 +66,7 @@ async def run_agent(agent: Agent, prompt: str) -> str | None:
     many turns): the model's fault, so the research goes on without it. A failed
     call (the server's fault) is raised."""
     try:
-        result = await Runner.run(agent, prompt, max_turns=MAX_TURNS)
+        result = await Runner.run(agent, prompt, max_turns=task.MAX_TURNS)
     except (ModelBehaviorError, MaxTurnsExceeded):
         return None
     return str(result.final_output)
@@ -90,10 +77,11 @@ async def research(
     endpoint: Endpoint, question: str, passages: list[Passage], report: ProgramReport
 ) -> str:
     reader, writer = build_agents(endpoint.model)
-    notes = await asyncio.gather(*(run_agent(reader, reader_prompt(question, p)) for p in passages))
-    answer = await run_agent(writer, writer_prompt(question, notes))
-    await note_program(endpoint, report)
-    return (answer or "").strip() or NO_ANSWER
+    prompts = [task.reader_prompt(question, passage) for passage in passages]
+    notes = await asyncio.gather(*(run_agent(reader, prompt) for prompt in prompts))
+    answer = await run_agent(writer, task.writer_prompt(question, notes))
+    await task.note_program(endpoint, report)
+    return (answer or "").strip() or task.NO_ANSWER
 
 
 def use_client(endpoint: Endpoint, api: str) -> None:
@@ -106,11 +94,11 @@ def use_client(endpoint: Endpoint, api: str) -> None:
 
 async def main(args: argparse.Namespace, endpoint: Endpoint) -> list[ProgramReport]:
     use_client(endpoint, args.api)
-    return await run_research(args, endpoint, "agents-sdk", research)
+    return await task.run_research(args, endpoint, "agents-sdk", research)
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = research_parser(__doc__ or "")
+    parser = task.research_parser(__doc__ or "")
     parser.add_argument(
         "--api", choices=API_CHOICES, default="responses",
         help="the OpenAI API the Agents SDK talks (default %(default)s, the SDK's own)",

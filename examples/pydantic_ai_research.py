@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import research as task
 from _common import Endpoint, ProgramReport, run_example
 from autellix import program
 from knowledge_base import Passage
@@ -28,20 +29,6 @@ from pydantic_ai import Agent, UnexpectedModelBehavior, UsageLimitExceeded, Usag
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.settings import ModelSettings
-from research import (
-    MAX_TURNS,
-    NO_ANSWER,
-    READER_INSTRUCTIONS,
-    READER_MAX_TOKENS,
-    WRITER_INSTRUCTIONS,
-    WRITER_MAX_TOKENS,
-    lookup,
-    note_program,
-    reader_prompt,
-    research_parser,
-    run_research,
-    writer_prompt,
-)
 
 
 def build_agents(endpoint: Endpoint) -> tuple[Agent[None, str], Agent[None, str]]:
@@ -49,14 +36,14 @@ def build_agents(endpoint: Endpoint) -> tuple[Agent[None, str], Agent[None, str]
     model = OpenAIChatModel(endpoint.model, provider=OpenAIProvider(openai_client=endpoint.client))
     reader = Agent(
         model,
-        instructions=READER_INSTRUCTIONS,
-        tools=[lookup],
-        model_settings=ModelSettings(max_tokens=READER_MAX_TOKENS),
+        instructions=task.READER_INSTRUCTIONS,
+        tools=[task.lookup],
+        model_settings=ModelSettings(max_tokens=task.READER_MAX_TOKENS),
     )
     writer = Agent(
         model,
-        instructions=WRITER_INSTRUCTIONS,
-        model_settings=ModelSettings(max_tokens=WRITER_MAX_TOKENS),
+        instructions=task.WRITER_INSTRUCTIONS,
+        model_settings=ModelSettings(max_tokens=task.WRITER_MAX_TOKENS),
     )
     return reader, writer
 
@@ -65,7 +52,7 @@ async def run_agent(agent: Agent[None, str], prompt: str) -> str | None:
     """The run's output, or None where the model led it astray: the model's fault,
     so the research goes on without it. A failed call (the server's fault) is raised."""
     try:
-        result = await agent.run(prompt, usage_limits=UsageLimits(request_limit=MAX_TURNS))
+        result = await agent.run(prompt, usage_limits=UsageLimits(request_limit=task.MAX_TURNS))
     except (UnexpectedModelBehavior, UsageLimitExceeded):
         return None
     return result.output
@@ -76,18 +63,19 @@ async def research(
     endpoint: Endpoint, question: str, passages: list[Passage], report: ProgramReport
 ) -> str:
     reader, writer = build_agents(endpoint)
-    notes = await asyncio.gather(*(run_agent(reader, reader_prompt(question, p)) for p in passages))
-    answer = await run_agent(writer, writer_prompt(question, notes))
-    await note_program(endpoint, report)
-    return (answer or "").strip() or NO_ANSWER
+    prompts = [task.reader_prompt(question, passage) for passage in passages]
+    notes = await asyncio.gather(*(run_agent(reader, prompt) for prompt in prompts))
+    answer = await run_agent(writer, task.writer_prompt(question, notes))
+    await task.note_program(endpoint, report)
+    return (answer or "").strip() or task.NO_ANSWER
 
 
 async def main(args: argparse.Namespace, endpoint: Endpoint) -> list[ProgramReport]:
-    return await run_research(args, endpoint, "pydantic-ai", research)
+    return await task.run_research(args, endpoint, "pydantic-ai", research)
 
 
 def parser() -> argparse.ArgumentParser:
-    return research_parser(__doc__ or "")
+    return task.research_parser(__doc__ or "")
 
 
 if __name__ == "__main__":
