@@ -3,11 +3,12 @@ sends it and answers by a script, with text or with tool calls.
 
 It serves what the router asks of an engine (``tests/router/router_http.py``'s
 ``fake_engine_app``: health, models, ending a program) plus the two generation
-APIs the frameworks use, ``/v1/chat/completions`` and ``/v1/responses``
-(streamed too). The script sees each call and returns the reply: a string is
-the assistant's text, a list of :class:`ToolCall` asks the framework to run
-those tools (in one turn, so a framework that runs tool calls concurrently does
-so), and an exception class makes the call fail with a 500.
+APIs the frameworks use, ``/v1/chat/completions`` and ``/v1/responses`` (not
+streamed: the frameworks' plain runs do not stream). The script sees each call
+and returns the reply: a string is the assistant's text, a list of
+:class:`ToolCall` asks the framework to run those tools (in one turn, so a
+framework that runs tool calls concurrently does so); a script that raises
+:class:`EngineFailure` makes the call fail with a 500.
 """
 
 from __future__ import annotations
@@ -99,12 +100,8 @@ async def recording_engine(script: Script) -> AsyncIterator[RecordingEngine]:
             return web.json_response({"error": {"message": str(error)}}, status=500)
         number = next(ids)
         if request.path == "/v1/responses":
-            answer = _response(reply, number, body)
-            if body.get("stream"):
-                return await _stream_response(request, answer)
-        else:
-            answer = _chat_completion(reply, number)
-        return web.json_response(answer)
+            return web.json_response(_response(reply, number, body))
+        return web.json_response(_chat_completion(reply, number))
 
     @web.middleware
     async def note_ends(request: web.Request, handler):
@@ -203,22 +200,3 @@ def _response(reply: Reply, number: int, body: dict[str, Any]) -> dict[str, Any]
             "output_tokens_details": {"reasoning_tokens": 0},
         },
     }
-
-
-async def _stream_response(request: web.Request, answer: dict[str, Any]) -> web.StreamResponse:
-    """A response as the server-sent events a streamed ``/v1/responses`` call gets:
-    created, each output item done, completed (with the usage)."""
-    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await stream.prepare(request)
-    started = {**answer, "status": "in_progress", "output": [], "usage": None}
-    events = [{"type": "response.created", "response": started}]
-    events += [
-        {"type": "response.output_item.done", "output_index": index, "item": item}
-        for index, item in enumerate(answer["output"])
-    ]
-    events.append({"type": "response.completed", "response": answer})
-    for sequence, event in enumerate(events):
-        payload = json.dumps({**event, "sequence_number": sequence})
-        await stream.write(f"event: {event['type']}\ndata: {payload}\n\n".encode())
-    await stream.write_eof()
-    return stream
