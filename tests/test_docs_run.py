@@ -122,6 +122,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --kv-blocks 96 --policy autellix-kv --schedulers fcfs,autellix --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
     " --kv-blocks 96 --schedulers fcfs,fcfs --json": (PARSE, _ENGINE),
+    # docs/frameworks.md
+    'make agents-sdk ARGS="--agents 2"': (PARSE, _SERVER),
+    'make langgraph ARGS="--agents 2"': (PARSE, _SERVER),
+    'make pydantic-ai ARGS="--agents 2"': (PARSE, _SERVER),
     # docs/engine.md
     "autellix engine": (PARSE, _ENGINE),
     "autellix engine --model tiny": (PARSE, _ENGINE),

@@ -15,6 +15,7 @@ starts in it is a thread of its own. See docs/sdk.md.
 from ._client import AsyncOpenAI, OpenAI
 from ._hints import expect_tool
 from ._identity import ThreadIdentity, current_identity, current_program, current_thread
+from ._langchain import langchain_clients
 from ._program import ProgramSession, program, session
 from ._retry import TRANSIENT_STATUS_CODES
 from ._tagging import (
@@ -41,6 +42,7 @@ __all__ = [
     "forked",
     "bound",
     "expect_tool",
+    "langchain_clients",
     "current_program",
     "current_thread",
     "current_identity",
