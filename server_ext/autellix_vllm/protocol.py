@@ -109,6 +109,15 @@ KEY_TO_HEADER: dict[str, str] = {
     PRIOR_SERVICE: PRIOR_SERVICE_HEADER,
     RETENTION_TTL: RETENTION_TTL_HEADER,
 }
+# CallIdentity field -> its header.
+IDENTITY_HEADERS: dict[str, str] = {
+    "program_id": PROGRAM_ID_HEADER,
+    "thread_id": THREAD_ID_HEADER,
+    "parent_thread_id": PARENT_THREAD_ID_HEADER,
+    "call_id": CALL_ID_HEADER,
+    "prior_service": PRIOR_SERVICE_HEADER,
+    "retention_ttl_s": RETENTION_TTL_HEADER,
+}
 # Header in lower case (as ASGI delivers it) -> vllm_xargs key.
 HEADER_TO_KEY: dict[str, str] = {header.lower(): key for key, header in KEY_TO_HEADER.items()}
 

@@ -202,13 +202,6 @@ def test_a_malformed_retention_header_is_rejected_naming_it():
     assert read_identity([("x-autellix-retention-ttl", "-1")], strict=False) == CallIdentity()
 
 
-def test_the_agent_hints_main_thread_is_the_policys():
-    from autellix_vllm.policy.table import MAIN_THREAD
-    from autellix_vllm.protocol import MAIN_THREAD_ID
-
-    assert MAIN_THREAD_ID == MAIN_THREAD
-
-
 # ---- one encoding rule: header values are UTF-8 -------------------------------------
 
 

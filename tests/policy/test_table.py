@@ -1,16 +1,16 @@
 """The process table: programs, threads, retries, ending and idle eviction."""
-
-from autellix_vllm.policy import MAIN_THREAD, PLAS, PolicyConfig, ProcessTable, ProgramScheduler
+from autellix_vllm.policy import PLAS, PolicyConfig, ProcessTable, ProgramScheduler
 from autellix_vllm.policy.bounded import CHARGED_CALLS_KEPT
+from autellix_vllm.protocol import MAIN_THREAD_ID
 
 
 def test_threads_fork_from_their_parent():
     table = ProcessTable()
     program = table.open("p", now_s=0.0)
     main = program.thread(None)
-    assert main.thread_id == MAIN_THREAD
+    assert main.thread_id == MAIN_THREAD_ID
     main.critical_path = 7.0
-    child = program.thread("t1", parent_thread_id=MAIN_THREAD)
+    child = program.thread("t1", parent_thread_id=MAIN_THREAD_ID)
     grandchild = program.thread("t2", parent_thread_id="t1")
     assert child.parent is main and grandchild.parent is child
     assert child.critical_path == 7.0  # a fork starts at its parent's critical path

@@ -113,15 +113,15 @@ class ProgramScheduler:
         place it (counted in :attr:`faults`).
         """
         if program_id is not None:
-            limit = self.table.limit_crossed(program_id, thread_id, parent_thread_id)
-            if limit is None:
+            crossed = self.table.limit_crossed(program_id, thread_id, parent_thread_id)
+            if crossed is None:
                 call = self._join(
                     call_id, program_id, now_s, thread_id, parent_thread_id, prior_service
                 )
                 if call is not None:
                     return self._admit(call, prompt_tokens, payload)
             else:
-                self.table.calls_over_limit[limit] += 1
+                self.table.calls_over_limit[crossed.limit] += 1
         program = self.table.open(alone_id or ANONYMOUS_PREFIX + call_id, now_s)
         program.ended = True  # it leaves the table with its only call
         call = Call(call_id, program, program.thread(None), now_s)
