@@ -3,6 +3,7 @@
 import pytest
 from autellix_vllm.policy import PLAS, PolicyConfig, ProcessTable, ProgramLimits, ProgramScheduler
 from autellix_vllm.policy.forks import NewThread, limit_crossed, new_threads
+from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.programs import ProgramLimitExceeded, ProgramTable
 
 
@@ -57,11 +58,15 @@ def test_the_engine_and_the_router_grow_and_refuse_a_program_alike(calls, limits
     router = ProgramTable(10, idle_ttl_s=600, limits=limits)
     for i, (thread, parent) in enumerate(calls):
         try:
-            record = router.call_arrived("p", thread, parent_thread_id=parent)
+            record = router.call_arrived(
+                CallIdentity("p", thread_id=thread, parent_thread_id=parent)
+            )
             refused = None
         except ProgramLimitExceeded as error:
             refused = error.code
-        call = engine.add_call(f"c{i}", "p", 0.0, thread_id=thread, parent_thread_id=parent)
+        call = engine.add_call(
+            CallIdentity("p", thread_id=thread, parent_thread_id=parent, call_id=f"c{i}"), now_s=0.0
+        )
         alone = call.program.program_id != "p"
         assert alone == (refused is not None), (thread, parent, refused)
     program = engine.table.get("p")

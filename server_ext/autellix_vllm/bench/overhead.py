@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.stats import percentile
 
 BLOCK_SIZE = 16

@@ -35,7 +35,7 @@ from typing import Any
 
 from autellix_vllm.cli import UsageError
 from autellix_vllm.cli._arguments import HelpFormatter
-from autellix_vllm.protocol import PROGRAMS_PATH
+from autellix_vllm.protocol.paths import PROGRAMS_PATH
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CLEAR_SCREEN = "\x1b[H\x1b[2J"

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from autellix_vllm.policy.config import ProgramLimits
-from autellix_vllm.protocol import MAIN_THREAD_ID
+from autellix_vllm.protocol.identity import MAIN_THREAD_ID
 
 DepthOf = Callable[[str], int | None]
 """A thread id -> its fork depth in the program, None if the program has no such thread."""

@@ -18,10 +18,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import MAIN_THREAD_ID
+from ..protocol.identity import MAIN_THREAD_ID, CallIdentity
 from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
 from .config import DEFAULT_LIMITS, ProgramLimits
 from .forks import LimitCrossed, limit_crossed, new_threads
+
+NO_IDENTITY = CallIdentity()
 
 # A call's place in the wait queue, compared as a tuple: smaller is better. It ends
 # with the call's unique seq, so no two calls tie.
@@ -183,6 +185,8 @@ class Call:
     program: Program
     thread: Thread
     arrival_s: float
+    # As the call stated it (the engine reads the client's retention hint here).
+    identity: CallIdentity = NO_IDENTITY
     prompt_tokens: int = 0
     state: CallState = CallState.NEW
     # Program (or thread) service when the call arrived: its priority base.
@@ -249,12 +253,11 @@ class ProcessTable:
                 program.name = name
         return program
 
-    def limit_crossed(
-        self, program_id: str, thread_id: str | None, parent_thread_id: str | None
-    ) -> LimitCrossed | None:
-        """The limit a new call of ``program_id`` on ``thread_id`` would cross, or None."""
-        program = self._programs.get(program_id) or Program(program_id)
-        return program.limit_crossed(self.limits, thread_id, parent_thread_id)
+    def limit_crossed(self, identity: CallIdentity) -> LimitCrossed | None:
+        """The limit a new call of ``identity``'s program and thread would cross, or None."""
+        assert identity.program_id is not None
+        program = self._programs.get(identity.program_id) or Program(identity.program_id)
+        return program.limit_crossed(self.limits, identity.thread_id, identity.parent_thread_id)
 
     def touch(self, program: Program) -> None:
         """The program did something (a call completed): it is the most recently active."""

@@ -48,7 +48,12 @@ from autellix_vllm.policy.bounded import (
 from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
 from autellix_vllm.policy.forks import LimitCrossed, limit_crossed, new_threads
 from autellix_vllm.policy.routing import Route
-from autellix_vllm.protocol import CALL_ID_HEADER, IDENTITY_HEADERS, PROGRAM_ID_HEADER
+from autellix_vllm.protocol.identity import (
+    CALL_ID_HEADER,
+    IDENTITY_HEADERS,
+    PROGRAM_ID_HEADER,
+    CallIdentity,
+)
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
 
@@ -249,18 +254,13 @@ class ProgramTable:
         program_id = "prog-" + secrets.token_urlsafe(18)  # 144 random bits
         return self._open(program_id, name, caller, issued=True)
 
-    def call_arrived(
-        self,
-        program_id: str,
-        thread_id: str | None = None,
-        *,
-        parent_thread_id: str | None = None,
-        call_id: str | None = None,
-        caller: Client = ANONYMOUS,
-    ) -> ProgramRecord:
-        """A call of ``program_id`` arrived: its record (opened if the id is new),
-        counting the call as active. Raises an :class:`ApiError` (see the module)
-        and changes nothing if the call may not run."""
+    def call_arrived(self, identity: CallIdentity, caller: Client = ANONYMOUS) -> ProgramRecord:
+        """A call of ``identity.program_id`` arrived: its record (opened if the id is
+        new), counting the call as active. Raises an :class:`ApiError` (see the
+        module) and changes nothing if the call may not run."""
+        program_id, call_id = identity.program_id, identity.call_id
+        if program_id is None:
+            raise ValueError("a call without a program id has no record")
         record = self._programs.get(program_id)
         if record is not None and not caller.may_see(record.owner):
             raise ProgramNotFound(program_id)
@@ -275,7 +275,7 @@ class ProgramTable:
                     " only to retry an attempt that did not complete"
                 )
         known = record.threads if record is not None else {}
-        created = new_threads(thread_id, parent_thread_id, known.get)
+        created = new_threads(identity.thread_id, identity.parent_thread_id, known.get)
         live_calls = record.calls_active if record is not None else 0
         crossed = limit_crossed(self.limits, len(known), live_calls, created)
         if crossed is not None:
