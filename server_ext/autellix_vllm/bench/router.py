@@ -46,8 +46,8 @@ from autellix_vllm.bench.engine import (
 )
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
-from autellix_vllm.cli.ps import fetch_table
 from autellix_vllm.engine.launcher import EngineProcess, start_all, stop_all
+from autellix_vllm.router.admin_client import fetch_table
 from autellix_vllm.workloads.trace import ProgramSpec
 
 POLICIES = ("round-robin", "locality")
