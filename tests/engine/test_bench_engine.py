@@ -5,7 +5,7 @@ import json
 
 import aiohttp
 import pytest
-from autellix_vllm.bench.engine import (
+from autellix_vllm.bench.replay import (
     BenchSettings,
     ProgramResult,
     PromptVocabulary,

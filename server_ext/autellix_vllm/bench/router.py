@@ -9,7 +9,7 @@ both at once, which shares background load between them but needs a core per
 engine: on 2 cores, engines side by side crowd each other out unevenly
 (docs/benchmarks.md, engine benchmark).
 
-The workload is the engine benchmark's (:mod:`autellix_vllm.bench.engine`):
+The workload is the engine benchmark's (:mod:`autellix_vllm.bench.replay`):
 multi-call programs whose calls carry the program's growing transcript, so a
 program's later calls share a long prefix with its earlier ones. The two runs
 use different program ids, hence different transcripts, so the second run
@@ -35,7 +35,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from autellix_vllm.bench.engine import (
+from autellix_vllm.bench.replay import (
     BenchSettings,
     build_workload,
     engine_config,

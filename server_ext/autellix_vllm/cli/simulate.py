@@ -299,7 +299,7 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..sim.bench_policy import bench_policy
+    from ..bench.policy_core import bench_policy
 
     print_result(bench_policy(args.running, args.waiting, steps=args.steps), args.json)
     return 0

@@ -24,7 +24,7 @@ of victims. This module only connects the core to vLLM's scheduler:
 * after each step is scheduled, every scheduled call is charged its service;
   after it ran, the core's clock advances (anti-starvation, idle eviction);
 * ``_free_request`` (every finish: stop, length, abort) completes the call;
-* under a KV-aware policy (``autellix-kv``), :mod:`autellix_vllm.engine.residency`
+* under a KV-aware policy (``autellix-kv``), :mod:`autellix_vllm.engine.block_holds`
   holds a finished program's blocks for its next call, and the waiting queue
   shows vLLM only the calls its working-set rule admits.
 
@@ -59,7 +59,7 @@ from autellix_vllm.engine._vllm_adapter import (
     Scheduler,
     SchedulerOutput,
 )
-from autellix_vllm.engine.residency import EngineResidency
+from autellix_vllm.engine.block_holds import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
 from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler, Rank
 from autellix_vllm.policy.residency import SKIPPED_WAITERS
