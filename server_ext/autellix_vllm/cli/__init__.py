@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autellix_vllm.cli._arguments import HelpFormatter
+from autellix_vllm.cli._extras import missing_extra
 
 
 def _discover_commands() -> dict[str, str]:
@@ -103,12 +104,27 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only import the module of the command asked for; `--help` lists them all.
     wanted = {argv[0]: COMMANDS[argv[0]]} if argv and argv[0] in COMMANDS else None
-    parser = build_parser(wanted)
+    try:
+        parser = build_parser(wanted)
+    except ModuleNotFoundError as exc:  # the command's module needs an extra
+        return _missing_extra(exc, f"autellix {argv[0]}" if wanted else "autellix")
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"{_command_parser(parser, args).prog}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        return _missing_extra(exc, _command_parser(parser, args).prog)
     except KeyboardInterrupt:
         return 130
+
+
+def _missing_extra(error: ModuleNotFoundError, prog: str) -> int:
+    """Say which extra to install for ``error``'s module (exit code 2); a module no
+    extra brings is a bug, raised on."""
+    install = missing_extra(error)
+    if install is None:
+        raise error
+    print(f"{prog}: error: {install}", file=sys.stderr)
+    return 2
