@@ -72,3 +72,21 @@ def test_a_module_no_extra_brings_is_raised_on(monkeypatch):
     monkeypatch.setattr(simulate, "_run", missing)
     with pytest.raises(ModuleNotFoundError):
         main(["simulate", "run", "--programs", "1"])
+
+
+def test_the_command_list_names_what_a_missing_extra_leaves_out(monkeypatch, capsys):
+    from autellix_vllm import cli
+
+    real = cli.importlib.import_module
+
+    def without_vllm(name):
+        if name == "autellix_vllm.cli.engine":
+            raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
+        return real(name)
+
+    monkeypatch.setattr(cli.importlib, "import_module", without_vllm)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "(not installed: needs vllm: pip install 'autellix[cpu]'" in out
+    assert "simulate" in out

@@ -83,7 +83,13 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
     for name, module in (commands or COMMANDS).items():
-        importlib.import_module(module).add_parser(sub, name)
+        try:
+            importlib.import_module(module).add_parser(sub, name)
+        except ModuleNotFoundError as exc:
+            install = missing_extra(exc)
+            if commands is not None or install is None:
+                raise  # the command asked for: main says what to install
+            sub.add_parser(name, help=f"(not installed: {install})")
     return parser
 
 
