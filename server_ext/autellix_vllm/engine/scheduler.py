@@ -63,7 +63,7 @@ from autellix_vllm.engine.block_holds import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
 from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler, Rank
 from autellix_vllm.policy.residency import SKIPPED_WAITERS
-from autellix_vllm.policy.table import NO_IDENTITY
+from autellix_vllm.protocol.identity import NO_IDENTITY
 
 logger = logging.getLogger(__name__)
 

@@ -18,12 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol.identity import MAIN_THREAD_ID, CallIdentity
+from ..protocol.identity import MAIN_THREAD_ID, NO_IDENTITY, CallIdentity
 from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
 from .config import DEFAULT_LIMITS, ProgramLimits
 from .forks import LimitCrossed, limit_crossed, new_threads
-
-NO_IDENTITY = CallIdentity()
 
 # A call's place in the wait queue, compared as a tuple: smaller is better. It ends
 # with the call's unique seq, so no two calls tie.

@@ -160,6 +160,10 @@ class CallIdentity:
         }
 
 
+NO_IDENTITY = CallIdentity()
+"""A call that says nothing about itself: it runs alone."""
+
+
 def validate_id(value: object, param: str) -> str:
     if not isinstance(value, str):
         raise IdentityError(f"{param} must be a string, got {type(value).__name__}", param)
