@@ -96,9 +96,9 @@ def test_a_sweep_prints_a_table_of_max_rates_and_ratios():
 
 
 def test_bench_engine_says_what_it_runs_on_stderr_with_json_on_stdout(monkeypatch, capsys):
-    from autellix_vllm.bench import engine as engine_bench
+    from autellix_vllm.bench import replay
 
-    monkeypatch.setattr(engine_bench, "run_engine_bench", lambda settings: {"avg_ratio": 1.5})
+    monkeypatch.setattr(replay, "run_engine_bench", lambda settings: {"avg_ratio": 1.5})
     assert main(["bench", "engine", "--quick", "--scheduler", "fcfs,autellix", "--json"]) == 0
     out, err = capsys.readouterr()
     assert out == '{"avg_ratio": 1.5}\n'

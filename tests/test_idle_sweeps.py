@@ -16,6 +16,7 @@ from autellix_vllm.policy.bounded import SWEEP_BATCH, IdleTable, swept_all
 from autellix_vllm.policy.config import PolicyConfig
 from autellix_vllm.policy.core import ProgramScheduler
 from autellix_vllm.policy.policies import PLAS
+from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.keys import ANONYMOUS
 from autellix_vllm.router.programs import ProgramTable
 
@@ -71,9 +72,9 @@ def test_the_router_sweeps_batches_in_the_background_between_requests():
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
     flood = 3 * SWEEP_BATCH + 1
     for i in range(flood):
-        record = table.call_arrived(f"p{i}", None, call_id="c")
+        record = table.call_arrived(CallIdentity(f"p{i}", call_id="c"))
         table.call_finished(record, "c", engine=None, service=None, completed=True)
-    busy = table.call_arrived("busy", None)
+    busy = table.call_arrived(CallIdentity("busy"))
     now[0] += 61
     assert len(table.evict_idle()) == SWEEP_BATCH  # one call, one batch
 
@@ -105,10 +106,10 @@ def test_a_sweep_that_compacts_the_opening_order_counts_each_program_once():
     now = [0.0]
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
     for i in range(3000):
-        record = table.call_arrived(f"p{i}", None, call_id="c")
+        record = table.call_arrived(CallIdentity(f"p{i}", call_id="c"))
         table.call_finished(record, "c", engine=None, service=None, completed=True)
     now[0] += 30
-    kept = [table.call_arrived(f"q{i}", None) for i in range(3)]  # busy, newer
+    kept = [table.call_arrived(CallIdentity(f"q{i}")) for i in range(3)]  # busy, newer
     now[0] += 31
     while not swept_all(table.evict_idle()):
         pass

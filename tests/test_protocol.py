@@ -5,9 +5,9 @@ import json
 import autellix
 import pytest
 from autellix import _programs_api, _tagging
-from autellix_vllm import protocol
 from autellix_vllm.engine.middleware import IdentityMiddleware
-from autellix_vllm.protocol import error_body
+from autellix_vllm.protocol import identity, paths
+from autellix_vllm.protocol.openai_errors import error_body
 from autellix_vllm.router.calls import read_call
 from autellix_vllm.router.errors import ApiError, error_response
 from multidict import CIMultiDict
@@ -15,20 +15,21 @@ from multidict import CIMultiDict
 
 def test_the_sdk_speaks_the_protocol():
     """The SDK keeps its own constants (it must import without the server package)."""
-    assert _tagging.PROGRAM_ID_HEADER == protocol.PROGRAM_ID_HEADER
-    assert _tagging.THREAD_ID_HEADER == protocol.THREAD_ID_HEADER
-    assert _tagging.PARENT_THREAD_ID_HEADER == protocol.PARENT_THREAD_ID_HEADER
-    assert _tagging.CALL_ID_HEADER == protocol.CALL_ID_HEADER
-    assert _tagging.SESSION_ID_HEADER == protocol.SESSION_ID_HEADER
-    assert _tagging.RETENTION_TTL_HEADER == protocol.RETENTION_TTL_HEADER
-    assert autellix.RETENTION_TTL_HEADER == protocol.RETENTION_TTL_HEADER
-    assert _programs_api.PROGRAMS_PATH == protocol.PROGRAMS_PATH
-    assert autellix.PROGRAM_ID_HEADER == protocol.PROGRAM_ID_HEADER
+    assert _tagging.PROGRAM_ID_HEADER == identity.PROGRAM_ID_HEADER
+    assert _tagging.THREAD_ID_HEADER == identity.THREAD_ID_HEADER
+    assert _tagging.PARENT_THREAD_ID_HEADER == identity.PARENT_THREAD_ID_HEADER
+    assert _tagging.CALL_ID_HEADER == identity.CALL_ID_HEADER
+    assert _tagging.SESSION_ID_HEADER == identity.SESSION_ID_HEADER
+    assert _tagging.RETENTION_TTL_HEADER == identity.RETENTION_TTL_HEADER
+    assert autellix.RETENTION_TTL_HEADER == identity.RETENTION_TTL_HEADER
+    assert _programs_api.PROGRAMS_PATH == paths.PROGRAMS_PATH
+    assert autellix.PROGRAM_ID_HEADER == identity.PROGRAM_ID_HEADER
 
 
-def test_every_identity_header_has_a_vllm_xargs_key():
-    assert set(protocol.HEADER_TO_KEY) == {h.lower() for h in protocol.KEY_TO_HEADER.values()}
-    assert all(key.startswith("autellix_") for key in protocol.KEY_TO_HEADER)
+def test_every_identity_field_has_a_header_and_a_vllm_xargs_key():
+    fields = set(identity.CallIdentity.__dataclass_fields__)
+    assert set(identity.IDENTITY_HEADERS) == set(identity.IDENTITY_XARGS) == fields
+    assert all(key.startswith("autellix_") for key in identity.IDENTITY_XARGS.values())
 
 
 @pytest.mark.parametrize(

@@ -15,18 +15,14 @@ from importlib.metadata import entry_points
 import pytest
 from autellix_vllm.cli import build_parser
 
-# Importable as written (module, attribute). Old module paths are kept as re-exports.
+# Importable as written (module, attribute): the documented paths.
 PUBLIC_PATHS: tuple[tuple[str, str], ...] = (
-    ("autellix_vllm.scheduler", "AutellixScheduler"),
-    ("autellix_vllm.scheduler", "AutellixAsyncScheduler"),
-    ("autellix_vllm.middleware", "IdentityMiddleware"),
-    ("autellix_vllm.launcher", "EngineConfig"),
-    ("autellix_vllm.launcher", "EngineProcess"),
-    ("autellix_vllm.launcher", "EngineStartError"),
     ("autellix_vllm.engine.scheduler", "AutellixScheduler"),
     ("autellix_vllm.engine.scheduler", "AutellixAsyncScheduler"),
     ("autellix_vllm.engine.middleware", "IdentityMiddleware"),
+    ("autellix_vllm.engine.launcher", "EngineConfig"),
     ("autellix_vllm.engine.launcher", "EngineProcess"),
+    ("autellix_vllm.engine.launcher", "EngineStartError"),
     ("autellix_vllm.engine.tiny_model", "ensure_tiny_model"),
     ("autellix_vllm.cli", "main"),
     ("autellix_vllm.policy", "ProgramScheduler"),
@@ -48,9 +44,6 @@ PUBLIC_PATHS: tuple[tuple[str, str], ...] = (
     ("autellix_vllm.workloads", "generate"),
     ("autellix_vllm.workloads", "load_trace"),
     ("autellix_vllm.workloads", "write_trace"),
-    ("autellix_vllm.sim.trace", "load_trace"),
-    ("autellix_vllm.sim.trace", "ProgramSpec"),
-    ("autellix_vllm.sim.workloads", "generate"),
 ) + tuple(
     ("autellix", name)
     for name in (

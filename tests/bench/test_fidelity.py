@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from autellix_vllm.bench.engine import BenchSettings, ProgramResult, build_workload, probe_program
 from autellix_vllm.bench.fidelity import FidelitySettings, compare, run_fidelity, time_scale
+from autellix_vllm.bench.replay import BenchSettings, ProgramResult, build_workload, probe_program
 from autellix_vllm.policy import Levels, PolicyConfig
 from autellix_vllm.sim.presets import get_preset
 from autellix_vllm.sim.run import simulate

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from autellix_vllm.bench.soak import FORGED_SERVICE, EngineTables, Tally
 from autellix_vllm.engine.reaper import group_members
-from autellix_vllm.protocol import ENGINE_TABLE_PATH
+from autellix_vllm.protocol.paths import ENGINE_TABLE_PATH
 from local_http import serving
 
 ENGINE_KEY = "soak-test-engine-key"

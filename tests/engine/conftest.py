@@ -33,11 +33,11 @@ class SchedulerHarness:
         **env: str,
     ) -> Any:
         """A scheduler; ``env`` sets ``AUTELLIX_*`` variables (e.g. AUTELLIX_BETA="4")."""
-        from autellix_vllm.engine import testing
+        from autellix_vllm.engine import model_free
         from autellix_vllm.engine.scheduler import AutellixScheduler
 
         with patched_env(env):
-            return testing.model_free_scheduler(
+            return model_free.model_free_scheduler(
                 cls or AutellixScheduler,
                 self.model_dir,
                 max_num_seqs=max_num_seqs,
@@ -59,7 +59,7 @@ class SchedulerHarness:
         prior_service: float | None = None,
         session_id: str | None = None,
     ) -> Any:
-        from autellix_vllm.engine import testing
+        from autellix_vllm.engine import model_free
 
         xargs: dict[str, Any] = {}
         for key, value in (
@@ -73,7 +73,7 @@ class SchedulerHarness:
                 xargs[key] = value
         # Distinct prompts per request: no accidental prefix-cache sharing.
         token = 7 + sum(map(ord, request_id)) % 50
-        return testing.new_request(
+        return model_free.new_request(
             request_id,
             [token] * prompt_len,
             max_tokens,
@@ -86,10 +86,10 @@ class SchedulerHarness:
     def step(self, scheduler: Any) -> Any:
         """One engine step: schedule, then sample a token for every request that
         finished its prefill. Returns the SchedulerOutput."""
-        from autellix_vllm.engine import testing
+        from autellix_vllm.engine import model_free
 
         output = scheduler.schedule()
-        testing.finish_step(scheduler, output)
+        model_free.finish_step(scheduler, output)
         return output
 
     def run_until_idle(self, scheduler: Any, max_steps: int = 10_000) -> int:
@@ -118,7 +118,7 @@ def patched_env(values: dict[str, str]):
 def harness(tmp_path_factory) -> SchedulerHarness:
     """Session-scoped: importing vLLM dominates the cost of these tests."""
     pytest.importorskip("vllm")
-    from autellix_vllm.engine import testing
+    from autellix_vllm.engine import model_free
 
     folder = tmp_path_factory.mktemp("config-only-llama")
-    return SchedulerHarness(testing.write_config_only_model(folder))
+    return SchedulerHarness(model_free.write_config_only_model(folder))

@@ -5,7 +5,7 @@ import json
 
 import aiohttp
 import pytest
-from autellix_vllm.bench.engine import (
+from autellix_vllm.bench.replay import (
     BenchSettings,
     ProgramResult,
     PromptVocabulary,
@@ -18,7 +18,7 @@ from autellix_vllm.bench.engine import (
 )
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.tiny_model import SPECIAL_TOKENS
-from autellix_vllm.protocol import ENGINE_PROGRAM_PATH, ENGINE_TABLE_PATH
+from autellix_vllm.protocol.paths import ENGINE_PROGRAM_PATH, ENGINE_TABLE_PATH
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec, write_trace
 
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from autellix_vllm.engine import _vllm_adapter as adapter  # noqa: E402
-from autellix_vllm.engine import testing  # noqa: E402
+from autellix_vllm.engine import model_free  # noqa: E402
 
 BLOCK_SIZE = 16  # as the harness (tests/engine/conftest.py)
 
@@ -19,7 +19,7 @@ KV_AWARE = {"AUTELLIX_POLICY": "autellix"}
 
 
 def request(request_id, program, prompt, max_tokens):
-    return testing.new_request(
+    return model_free.new_request(
         request_id, prompt, max_tokens, {"autellix_program_id": program},
         arrival_time=0.0, block_size=BLOCK_SIZE,
     )  # fmt: skip
@@ -111,7 +111,7 @@ def test_a_failing_residency_hook_costs_only_the_hold(harness, monkeypatch):
 
 
 class Clock:
-    """Stands in for the ``time`` module of engine/residency.py: the holds' clock."""
+    """Stands in for the ``time`` module of engine/block_holds.py: the holds' clock."""
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -126,10 +126,10 @@ def test_a_retention_hint_longer_than_the_estimate_keeps_the_hold(harness, monke
     ``X-Autellix-Retention-Ttl``) replaces the estimate: 52 s into a tool call the
     estimated hold (24 expected gaps of the 2 s prior: 48 s) has expired, the
     hinted one (58 s) still holds the context, and the next call hits all of it."""
-    from autellix_vllm.engine import residency as engine_residency
+    from autellix_vllm.engine import block_holds
 
     clock = Clock(1000.0)
-    monkeypatch.setattr(engine_residency, "time", clock)
+    monkeypatch.setattr(block_holds, "time", clock)
     scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **KV_AWARE)
     core = scheduler.residency.rules.config
     assert core.ttl_gaps * core.prior_gap_s < 52 < 58 <= core.max_ttl_s
@@ -137,7 +137,7 @@ def test_a_retention_hint_longer_than_the_estimate_keeps_the_hold(harness, monke
     if hint_s is not None:
         xargs["autellix_retention_ttl_s"] = hint_s
     prompt = [21] * 96
-    first = testing.new_request("A1", prompt, 1, xargs, arrival_time=0.0, block_size=BLOCK_SIZE)
+    first = model_free.new_request("A1", prompt, 1, xargs, arrival_time=0.0, block_size=BLOCK_SIZE)
     scheduler.add_request(first)
     step_until_finished(harness, scheduler, "A1")
     assert scheduler.autellix_snapshot()["residency"]["held_programs"] == 1

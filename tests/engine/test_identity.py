@@ -1,9 +1,10 @@
-"""Reading a call's identity: headers, body keys, session id; strict and lenient (no vLLM)."""
+"""Reading a call's identity: headers, body keys, session id; writing it on (no vLLM)."""
 
 import math
 
 import pytest
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.bearer import holds_key
+from autellix_vllm.protocol.identity import (
     CALL_ID,
     PARENT_THREAD_ID,
     PRIOR_SERVICE,
@@ -12,7 +13,6 @@ from autellix_vllm.protocol import (
     THREAD_ID,
     CallIdentity,
     IdentityError,
-    holds_key,
     read_identity,
     validate_ttl,
 )
@@ -96,24 +96,28 @@ def test_a_vllm_xargs_that_is_not_a_dict_is_left_to_vllm():
     assert read_identity([], ["not", "a", "dict"], "s") == CallIdentity(program_id="s")
 
 
-def test_lenient_counts_a_malformed_value_as_missing():
-    identity = read_identity(
-        [],
-        {PROGRAM_ID: "x" * 500, THREAD_ID: "t", PRIOR_SERVICE: -4, CALL_ID: 5},
-        "sess",
-        strict=False,
-    )
-    assert identity == CallIdentity(program_id="sess", thread_id="t")
-    header = [("X-Autellix-Thread-Id", "bad\x00"), ("X-Session-ID", "")]
-    fallback = read_identity(header, {THREAD_ID: "t2"}, "sess", strict=False)
-    assert (fallback.thread_id, fallback.program_id) == ("t2", "sess")
-    service = read_identity([], {PRIOR_SERVICE: "2.5"}, strict=False).prior_service
+def test_a_malformed_body_value_is_rejected_even_where_a_header_overrides_it():
+    with pytest.raises(IdentityError) as info:
+        read_identity([("X-Autellix-Program-Id", "p")], {PROGRAM_ID: "x" * 500}, "sess")
+    assert info.value.param == f"vllm_xargs.{PROGRAM_ID}"
+    service = read_identity([], {PRIOR_SERVICE: "2.5"}).prior_service
     assert math.isclose(service, 2.5)
 
 
-def test_as_xargs_has_the_parts_that_are_set():
+def test_as_xargs_and_as_headers_have_the_parts_that_are_set():
     identity = CallIdentity(program_id="p", parent_thread_id="main", prior_service=0.0)
     assert identity.as_xargs() == {PROGRAM_ID: "p", PARENT_THREAD_ID: "main", PRIOR_SERVICE: 0.0}
+    assert identity.as_headers() == {
+        "X-Autellix-Program-Id": "p",
+        "X-Autellix-Parent-Thread-Id": "main",
+        "X-Autellix-Prior-Service": "0.0",
+    }
+
+
+def test_an_identity_read_back_from_its_headers_or_its_xargs_is_itself():
+    identity = CallIdentity("p", "t", "main", "c", 12.5, 30.0)
+    assert read_identity(identity.as_headers().items()) == identity
+    assert read_identity(xargs=identity.as_xargs()) == identity
 
 
 # ---- retention TTLs and the body's agent_hint ----------------------------------------
@@ -187,26 +191,16 @@ def test_an_agent_hint_comes_after_every_other_identity():
      ({"cache_control": {"ttl": "soon"}}, "agent_hint.cache_control.ttl"),
      ({"cache_control": {"ttl": -5}}, "agent_hint.cache_control.ttl")],
 )  # fmt: skip
-def test_a_malformed_agent_hint_is_rejected_strictly_and_ignored_leniently(hint, param):
+def test_a_malformed_agent_hint_is_rejected_naming_it(hint, param):
     with pytest.raises(IdentityError) as info:
         read_identity([], None, "s", agent_hint=hint)
     assert (info.value.param, info.value.code) == (param, "invalid_identity")
-    lenient = read_identity([], None, "s", agent_hint=hint, strict=False)
-    assert lenient == CallIdentity(program_id="s")
 
 
 def test_a_malformed_retention_header_is_rejected_naming_it():
     with pytest.raises(IdentityError) as info:
         read_identity([("x-autellix-retention-ttl", "forever")])
     assert info.value.param == "X-Autellix-Retention-Ttl"
-    assert read_identity([("x-autellix-retention-ttl", "-1")], strict=False) == CallIdentity()
-
-
-def test_the_agent_hints_main_thread_is_the_policys():
-    from autellix_vllm.policy.table import MAIN_THREAD
-    from autellix_vllm.protocol import MAIN_THREAD_ID
-
-    assert MAIN_THREAD_ID == MAIN_THREAD
 
 
 # ---- one encoding rule: header values are UTF-8 -------------------------------------
@@ -229,7 +223,6 @@ def test_header_bytes_that_are_not_utf8_are_malformed_on_both_sides(raw):
         with pytest.raises(IdentityError, match="not valid UTF-8") as info:
             read_identity(headers)
         assert info.value.param == "X-Autellix-Thread-Id"
-    assert read_identity([(b"x-autellix-thread-id", raw)], strict=False) == CallIdentity()
 
 
 def test_holds_key_reads_a_bearer_header_as_vllm_does():

@@ -392,3 +392,16 @@ async def test_an_exception_before_any_answer_is_a_500_in_our_shape(monkeypatch)
         )
     status, _, body = answer_of(sent)
     assert status == 500 and body["error"]["code"] == "internal_error"
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-8-sig"])
+async def test_a_body_without_vllm_xargs_keeps_its_bytes_and_gains_the_identity(inner, encoding):
+    text = '  {"model": "m",  "messages": [{"role": "user", "content": "h\\u00e9 \u00e9"}]}'
+    raw = text.encode(encoding)
+    status, _ = await call(IdentityMiddleware(inner), raw, [("X-Autellix-Program-Id", "p")])
+    assert status == 200
+    scope, forwarded = inner.calls[0]
+    assert json.loads(forwarded) == {**json.loads(raw), "vllm_xargs": {"autellix_program_id": "p"}}
+    if encoding == "utf-8":  # spliced in: the client's bytes follow as they came
+        assert forwarded.endswith(text.strip()[1:].encode())
+    assert dict(scope["headers"])[b"content-length"] == str(len(forwarded)).encode()

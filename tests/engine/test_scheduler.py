@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from autellix_vllm.engine.scheduler import ANONYMOUS_PREFIX  # noqa: E402
+from autellix_vllm.protocol.identity import CallIdentity
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 SMALL_LEVELS = {"AUTELLIX_LEVELS": "0,4,8"}
@@ -338,7 +339,9 @@ def queue_with_calls(*ids):
     core = core_from_env({})
     calls = {}
     for request_id in ids:
-        calls[request_id] = core.add_call(request_id, "P", 0.0, payload=FakeRequest(request_id))
+        calls[request_id] = core.add_call(
+            CallIdentity("P", call_id=request_id), now_s=0.0, payload=FakeRequest(request_id)
+        )
     return core, calls, ProgramRequestQueue(core, calls)
 
 

@@ -143,23 +143,23 @@ def test_scheduler_state_our_mixin_reads(harness):
 
 def test_block_pool_calls_residency_relies_on(harness):
     """A finished request's cached blocks can be referenced and released again."""
-    from autellix_vllm.engine import testing
+    from autellix_vllm.engine import model_free
 
     scheduler = harness.scheduler(cls=Scheduler, num_blocks=20)
-    request = testing.new_request("r", [5] * 40, 1, None, arrival_time=0.0, block_size=16)
+    request = model_free.new_request("r", [5] * 40, 1, None, arrival_time=0.0, block_size=16)
     scheduler.add_request(request)
     output = scheduler.schedule()
     assert adapter.kv_blocks_to_grow(scheduler, request) == 0  # its 3 blocks are allocated
     blocks = adapter.cached_blocks(scheduler, request)
     assert len(blocks) == 2 and all(b.ref_cnt == 1 for b in blocks)  # 2 full of 40 tokens
     adapter.reference_blocks(scheduler, blocks)
-    testing.finish_step(scheduler, output)  # max_tokens 1: finished and freed
+    model_free.finish_step(scheduler, output)  # max_tokens 1: finished and freed
     assert "r" not in scheduler.requests
     assert [b.ref_cnt for b in blocks] == [1, 1]
     assert adapter.free_kv_blocks(scheduler) == 19 - 2
     # The held blocks are what vLLM's prefix cache hits for a call extending the prompt.
-    extending = testing.new_request("e", [5] * 48, 1, None, arrival_time=0.0, block_size=16)
-    other = testing.new_request("o", [6] * 48, 1, None, arrival_time=0.0, block_size=16)
+    extending = model_free.new_request("e", [5] * 48, 1, None, arrival_time=0.0, block_size=16)
+    other = model_free.new_request("o", [6] * 48, 1, None, arrival_time=0.0, block_size=16)
     hit = scheduler.kv_cache_manager.get_computed_blocks(extending)[0].blocks[0]
     assert adapter.prefix_hit_blocks(scheduler, extending, blocks) == len(hit) == 2
     assert adapter.prefix_hit_blocks(scheduler, other, blocks) == 0

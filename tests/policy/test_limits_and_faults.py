@@ -14,10 +14,11 @@ from autellix_vllm.policy import (
     ProgramLimits,
     ProgramScheduler,
 )
+from autellix_vllm.protocol.identity import CallIdentity
 
 
 def arrive(core, call_id, program_id, **identity):
-    call = core.add_call(call_id, program_id, now_s=0.0, **identity)
+    call = core.add_call(CallIdentity(program_id, **identity, call_id=call_id), now_s=0.0)
     core.enqueue(call)
     return call
 
@@ -92,7 +93,7 @@ def test_a_call_that_would_grow_its_program_past_a_limit_runs_alone(limits, call
 def test_live_calls_beyond_the_limit_run_alone_until_one_finishes():
     core = ProgramScheduler(PLAS(), PolicyConfig(limits=ProgramLimits(max_live_calls=2)))
     first, second = arrive(core, "a", "P"), arrive(core, "b", "P")
-    extra = core.add_call("c", "P", now_s=0.0, alone_id="anonymous:request-c")
+    extra = core.add_call(CallIdentity("P", call_id="c"), now_s=0.0, alone_id="anonymous:request-c")
     assert extra.program.program_id == "anonymous:request-c"
     serve(core, first)
     assert arrive(core, "d", "P").program is second.program

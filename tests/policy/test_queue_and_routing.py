@@ -17,11 +17,12 @@ from autellix_vllm.policy import (
     make_balancer,
     routing,
 )
+from autellix_vllm.protocol.identity import CallIdentity
 
 
 def calls(n):
     core = ProgramScheduler(PLAS(), PolicyConfig())
-    return [core.add_call(f"c{i}", f"p{i}", now_s=0.0) for i in range(n)]
+    return [core.add_call(CallIdentity(f"p{i}", call_id=f"c{i}"), now_s=0.0) for i in range(n)]
 
 
 def test_wait_queue_orders_reranks_and_removes():

@@ -5,6 +5,7 @@ from autellix_vllm.policy import Autellix, PlasAtlas, PolicyConfig, Program, Pro
 from autellix_vllm.policy.config import ResidencyConfig
 from autellix_vllm.policy.residency import RELOAD_SPEEDUP, Residency, undo_cost
 from autellix_vllm.policy.table import Call
+from autellix_vllm.protocol.identity import CallIdentity
 
 CONFIG = ResidencyConfig(hold_share=0.5, headroom=0.1, prior_gap_s=2.0, prior_weight=2.0,
                          ttl_gaps=4.0, reload_ttl_gaps=2.0,
@@ -126,7 +127,7 @@ def test_undoing_a_preemption_costs_its_recompute_less_what_a_host_tier_reloads(
 
 def test_the_core_counts_tool_gaps_and_ranks_idle_programs():
     core = ProgramScheduler(Autellix(), PolicyConfig())
-    first = core.add_call("c1", "p", now_s=0.0)
+    first = core.add_call(CallIdentity("p", call_id="c1"), now_s=0.0)
     core.enqueue(first)
     core.start(first)
     core.charge(first, decode_tokens=200)
@@ -134,9 +135,11 @@ def test_the_core_counts_tool_gaps_and_ranks_idle_programs():
     program = core.table.get("p")
     assert program.gaps == 0
     assert core.program_level(program) == core.levels.level_of(200.0)
-    second = core.add_call("c2", "p", now_s=4.5)
+    second = core.add_call(CallIdentity("p", call_id="c2"), now_s=4.5)
     assert (program.gaps, program.gap_total_s) == (1, 3.5)
-    core.add_call("c3", "p", now_s=5.0)  # a second call while one is in flight: no gap
+    core.add_call(
+        CallIdentity("p", call_id="c3"), now_s=5.0
+    )  # a second call while one is in flight: no gap
     assert program.gaps == 1
     assert second.level == core.levels.level_of(200.0)
 

@@ -1,16 +1,17 @@
 """The process table: programs, threads, retries, ending and idle eviction."""
 
-from autellix_vllm.policy import MAIN_THREAD, PLAS, PolicyConfig, ProcessTable, ProgramScheduler
+from autellix_vllm.policy import PLAS, PolicyConfig, ProcessTable, ProgramScheduler
 from autellix_vllm.policy.bounded import CHARGED_CALLS_KEPT
+from autellix_vllm.protocol.identity import MAIN_THREAD_ID, CallIdentity
 
 
 def test_threads_fork_from_their_parent():
     table = ProcessTable()
     program = table.open("p", now_s=0.0)
     main = program.thread(None)
-    assert main.thread_id == MAIN_THREAD
+    assert main.thread_id == MAIN_THREAD_ID
     main.critical_path = 7.0
-    child = program.thread("t1", parent_thread_id=MAIN_THREAD)
+    child = program.thread("t1", parent_thread_id=MAIN_THREAD_ID)
     grandchild = program.thread("t2", parent_thread_id="t1")
     assert child.parent is main and grandchild.parent is child
     assert child.critical_path == 7.0  # a fork starts at its parent's critical path
@@ -25,7 +26,7 @@ def test_unknown_parent_is_created_on_the_fly():
 
 def run_call(core, call_id, program_id, service, aborted=False, **identity):
     """A call that arrives, runs, attains ``service`` and finishes; returns the charge."""
-    call = core.add_call(call_id, program_id, now_s=0.0, **identity)
+    call = core.add_call(CallIdentity(program_id, **identity, call_id=call_id), now_s=0.0)
     core.enqueue(call)
     core.start(call)
     core.charge(call, decode_tokens=service)
@@ -53,7 +54,7 @@ def test_a_call_id_reused_after_it_completed_is_charged_in_full():
 
 def test_concurrent_calls_with_one_call_id_are_each_charged_in_full():
     core = ProgramScheduler(PLAS())
-    calls = [core.add_call("same", "p", now_s=0.0) for _ in range(3)]
+    calls = [core.add_call(CallIdentity("p", call_id="same"), now_s=0.0) for _ in range(3)]
     assert [call.reuse for call in calls] == [False, True, True]
     assert len(core.table.get("p").active_calls) == 3  # none hides another
     for call in calls:
@@ -77,7 +78,7 @@ def test_remembered_call_ids_are_bounded():
 
 def test_end_waits_for_calls_in_flight():
     core = ProgramScheduler(PLAS())
-    call = core.add_call("c1", "p", now_s=0.0)
+    call = core.add_call(CallIdentity("p", call_id="c1"), now_s=0.0)
     core.enqueue(call)
     assert core.end_program("p")
     assert "p" in core.table  # still in flight
@@ -89,11 +90,11 @@ def test_end_waits_for_calls_in_flight():
 
 def test_idle_programs_are_evicted_and_active_ones_kept():
     core = ProgramScheduler(PLAS(), PolicyConfig(idle_ttl_s=10.0))
-    done = core.add_call("a1", "idle", now_s=0.0)
+    done = core.add_call(CallIdentity("idle", call_id="a1"), now_s=0.0)
     core.enqueue(done)
     core.start(done)
     core.finish(done, now_s=1.0)
-    busy = core.add_call("b1", "busy", now_s=0.5)
+    busy = core.add_call(CallIdentity("busy", call_id="b1"), now_s=0.5)
     core.enqueue(busy)
     core.advance(now_s=5.0)
     assert "idle" in core.table
@@ -106,7 +107,7 @@ def test_table_stays_bounded_under_many_programs():
     core = ProgramScheduler(PLAS(), PolicyConfig(idle_ttl_s=1.0))
     for i in range(5000):
         now = i * 0.01
-        call = core.add_call(f"c{i}", f"p{i}", now_s=now)
+        call = core.add_call(CallIdentity(f"p{i}", call_id=f"c{i}"), now_s=now)
         core.enqueue(call)
         core.start(call)
         core.charge(call, decode_tokens=3)

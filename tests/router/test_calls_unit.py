@@ -7,6 +7,7 @@ import json
 import pytest
 from autellix_vllm.cli.ps import format_table, human_duration
 from autellix_vllm.policy.config import ResidencyConfig, ServiceMeter
+from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.calls import estimate_prompt_tokens, read_call
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.usage import SseRelay, service_from_usage
@@ -66,39 +67,46 @@ def test_malformed_identity_in_the_body_is_400():
 
 def test_identity_comes_from_headers_then_body_then_session():
     body = {"model": "m", "vllm_xargs": {"autellix_program_id": "body", "autellix_call_id": "c"}}
-    assert read(body, {"X-Autellix-Program-Id": "header"}).program_id == "header"
+    assert read(body, {"X-Autellix-Program-Id": "header"}).identity.program_id == "header"
     from_body = read(body, {"X-Session-ID": "session"})
-    assert (from_body.program_id, from_body.call_id) == ("body", "c")
-    assert read({"model": "m"}, {"x-session-id": "session"}).program_id == "session"
-    assert read({"model": "m", "session_id": "s2"}).program_id == "s2"
-    assert read({"model": "m"}).program_id is None
+    assert (from_body.identity.program_id, from_body.identity.call_id) == ("body", "c")
+    assert read({"model": "m"}, {"x-session-id": "session"}).identity.program_id == "session"
+    assert read({"model": "m", "session_id": "s2"}).identity.program_id == "s2"
+    assert read({"model": "m"}).identity.program_id is None
 
 
 def test_an_agent_hint_names_the_program_last_and_stays_in_the_body():
     hint = {"session_id": "sub-7", "parent_session_id": "sess-1"}
     call = read({"model": "m", "agent_hint": hint})
-    assert (call.program_id, call.thread_id, call.parent_thread_id) == ("sess-1", "sub-7", "main")
+    assert call.identity == CallIdentity("sess-1", "sub-7", "main")
     assert json.loads(call.raw)["agent_hint"] == hint
-    assert read({"model": "m", "agent_hint": hint}, {"X-Session-ID": "s"}).program_id == "s"
+    assert (
+        read({"model": "m", "agent_hint": hint}, {"X-Session-ID": "s"}).identity.program_id == "s"
+    )
     error = api_error({"model": "m", "agent_hint": {"cache_control": {"ttl": "later"}}})
     assert (error.status, error.param) == (400, "agent_hint.cache_control.ttl")
+
+
+def test_the_call_carries_the_identity_without_the_clients_prior_service():
+    headers = {"X-Autellix-Program-Id": "p", "X-Autellix-Prior-Service": "1e9"}
+    assert read({"model": "m"}, headers).identity == CallIdentity("p")
 
 
 def test_the_retention_hint_is_read_clamped_and_its_body_key_stripped():
     bounds = ResidencyConfig()
     body = {"model": "m", "vllm_xargs": {"autellix_retention_ttl_s": 30, "top_k": 5}}
     call = read(body)
-    assert call.retention_ttl_s == 30.0
+    assert call.identity.retention_ttl_s == 30.0
     assert json.loads(call.raw)["vllm_xargs"] == {"top_k": 5}  # the router restates it
-    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "1h"}).retention_ttl_s == (
+    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "1h"}).identity.retention_ttl_s == (
         bounds.max_ttl_s
     )
-    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "0"}).retention_ttl_s == (
+    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "0"}).identity.retention_ttl_s == (
         bounds.min_ttl_s
     )
     hint = {"model": "m", "agent_hint": {"cache_control": {"ttl": "10s"}}}
-    assert read(hint).retention_ttl_s == 10.0
-    assert read({"model": "m"}).retention_ttl_s is None
+    assert read(hint).identity.retention_ttl_s == 10.0
+    assert read({"model": "m"}).identity.retention_ttl_s is None
 
 
 def test_prompt_tokens_are_estimated_from_characters_or_counted_from_ids():

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from autellix_vllm.cli import main
 from autellix_vllm.cli import ps as ps_cli
+from autellix_vllm.router import admin_client
 from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.programs import ProgramTable
 from local_http import serving
@@ -119,13 +120,13 @@ async def test_ps_names_a_wrong_key_an_engine_url_and_a_missing_scheme(start_rou
 
 
 def test_a_router_that_does_not_answer_is_unavailable_not_a_mistake():
-    with pytest.raises(ps_cli.RouterUnavailable, match="cannot reach the router"):
-        ps_cli.fetch_table(DEAD_ENGINE, None, timeout_s=2.0)
+    with pytest.raises(admin_client.RouterUnavailable, match="cannot reach the router"):
+        admin_client.fetch_table(DEAD_ENGINE, None, timeout_s=2.0)
 
 
 def test_top_keeps_going_while_the_router_is_away(monkeypatch, capsys):
     table = {"programs": [{"program_id": "prog-a", "age_s": 1}], "engines": [], "total": 1}
-    answers = [table, ps_cli.RouterUnavailable("cannot reach the router at X"), table]
+    answers = [table, admin_client.RouterUnavailable("cannot reach the router at X"), table]
 
     def fetch(*args, **kwargs):
         answer = answers.pop(0)

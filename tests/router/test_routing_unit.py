@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 from autellix_vllm.policy.config import ProgramLimits
 from autellix_vllm.policy.routing import Balancer, EngineLoad, Route, least_loaded, make_balancer
+from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.dispatch import Dispatcher
@@ -51,16 +52,14 @@ def call(program: str | None, tokens: int, model: str = MODEL) -> Call:
         raw=b"{}",
         model=model,
         stream=False,
-        program_id=program,
-        thread_id=None,
-        call_id=None,
+        identity=CallIdentity(program),
         prompt_tokens=tokens,
     )
 
 
 def route(d: Dispatcher, program: str | None, tokens: int, exclude=()) -> Engine:
     """Route one call of ``program`` and finish it (without service), as ``handle`` does."""
-    record = d.programs.call_arrived(program, None) if program else None
+    record = d.programs.call_arrived(CallIdentity(program)) if program else None
     engine = None
     try:
         engine = d.choose(call(program, tokens), program or "anonymous", record, exclude)
@@ -175,12 +174,12 @@ def test_issued_ids_are_unguessable_and_unique():
 
 def test_unknown_ids_open_programs_and_ended_ids_are_refused_within_a_bound():
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
-    assert table.call_arrived("sdk-local-id", None).issued is False
+    assert table.call_arrived(CallIdentity("sdk-local-id")).issued is False
     for i in range(5):
-        table.call_arrived(f"p{i}", None)
+        table.call_arrived(CallIdentity(f"p{i}"))
         assert table.end(f"p{i}") is not None
     with pytest.raises(ProgramEnded):
-        table.call_arrived("p4", None)
+        table.call_arrived(CallIdentity("p4"))
     assert table.is_ended("p2") and not table.is_ended("p1")  # the oldest are forgotten
     with pytest.raises(ProgramEnded):
         table.end("p4")
@@ -191,11 +190,13 @@ def test_unknown_ids_open_programs_and_ended_ids_are_refused_within_a_bound():
 def test_service_sums_over_engines_and_failed_calls_are_charged_their_work():
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
     for engine, call_id in (("engine-0", "c1"), ("engine-1", "c2"), ("engine-1", "c3")):
-        record = table.call_arrived("p", "main", call_id=call_id)
+        record = table.call_arrived(CallIdentity("p", thread_id="main", call_id=call_id))
         table.call_finished(record, call_id, engine=engine, service=10.0, completed=True)
-    record = table.call_arrived("p", "side", call_id="c4")
+    record = table.call_arrived(CallIdentity("p", thread_id="side", call_id="c4"))
     table.call_finished(record, "c4", engine=None, service=None, completed=False)  # no engine
-    record = table.call_arrived("p", "side", call_id="c4")  # its retry: allowed
+    record = table.call_arrived(
+        CallIdentity("p", thread_id="side", call_id="c4")
+    )  # its retry: allowed
     table.call_finished(record, "c4", engine="engine-0", service=2.5, completed=False)  # dropped
     assert record.service == 32.5
     assert record.calls_per_engine == {"engine-0": 1, "engine-1": 2}
@@ -205,12 +206,12 @@ def test_service_sums_over_engines_and_failed_calls_are_charged_their_work():
 def test_idle_programs_are_evicted_but_not_ended():
     now = [1000.0]
     table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
-    busy, idle = table.call_arrived("busy", None), table.call_arrived("idle", None)
+    busy, idle = table.call_arrived(CallIdentity("busy")), table.call_arrived(CallIdentity("idle"))
     table.call_finished(idle, "c1", engine="engine-0", service=1.0, completed=True)
     now[0] += 61
     assert table.evict_idle() == ["idle"]
     assert table.get("busy") is busy and not table.is_ended("idle")
-    assert table.call_arrived("idle", None) is not idle  # a later call opens it again
+    assert table.call_arrived(CallIdentity("idle")) is not idle  # a later call opens it again
 
 
 def test_config_refuses_bad_values():
@@ -285,7 +286,7 @@ def test_a_route_that_does_not_bind_records_no_binding_even_if_its_reason_says_b
 
 def test_a_routed_engine_is_listed_before_the_call_completes():
     d = make_dispatcher()
-    record = d.programs.call_arrived("p", None)
+    record = d.programs.call_arrived(CallIdentity("p"))
     engine = d.choose(call("p", 500), "p", record)
     assert record.calls_per_engine == {engine.name: 0}  # ending the program reaches it
     assert record.calls_active == 1
@@ -306,7 +307,9 @@ def test_the_table_is_capped_per_owner_and_in_all_after_dropping_idle_programs()
     with pytest.raises(TooManyPrograms, match="this key has 3"):
         table.issue(caller=ALICE)
     with pytest.raises(TooManyPrograms):
-        table.call_arrived("alice-local", caller=ALICE)  # a call's new program counts too
+        table.call_arrived(
+            CallIdentity("alice-local"), caller=ALICE
+        )  # a call's new program counts too
     table.issue(caller=BOB)
     table.issue(caller=BOB)
     with pytest.raises(TooManyPrograms, match="holds 5 programs"):
@@ -338,50 +341,52 @@ def test_pages_follow_the_opening_order_through_removals():
 def test_another_owners_program_is_not_found_and_its_end_is_not_revealed():
     table = ProgramTable(10, idle_ttl_s=600)
     program_id = table.issue(caller=ALICE).program_id
-    for act in (lambda: table.call_arrived(program_id, caller=BOB),
+    for act in (lambda: table.call_arrived(CallIdentity(program_id), caller=BOB),
                 lambda: table.end(program_id, BOB)):  # fmt: skip
         with pytest.raises(ProgramNotFound):
             act()
-    table.call_arrived(program_id, caller=ADMIN)  # the admin may
+    table.call_arrived(CallIdentity(program_id), caller=ADMIN)  # the admin may
     table.end(program_id, ALICE)
     with pytest.raises(ProgramEnded):
-        table.call_arrived(program_id, caller=ALICE)
+        table.call_arrived(CallIdentity(program_id), caller=ALICE)
     with pytest.raises(ProgramNotFound):
-        table.call_arrived(program_id, caller=BOB)
+        table.call_arrived(CallIdentity(program_id), caller=BOB)
 
 
 def test_thread_depth_counts_forks_below_main_and_limits_refuse_before_any_change():
     limits = ProgramLimits(max_threads=5, max_fork_depth=2, max_live_calls=2)
     table = ProgramTable(10, idle_ttl_s=600, limits=limits)
-    record = table.call_arrived("p", "main")
-    table.call_arrived("p", "t2", parent_thread_id="t1")  # t1 named first: a fork of main
+    record = table.call_arrived(CallIdentity("p", thread_id="main"))
+    table.call_arrived(
+        CallIdentity("p", thread_id="t2", parent_thread_id="t1")
+    )  # t1 named first: a fork of main
     assert record.threads == {"main": 0, "t1": 1, "t2": 2}
     with pytest.raises(ProgramLimitExceeded, match="max_live_calls"):
-        table.call_arrived("p", "t3", parent_thread_id="main")
+        table.call_arrived(CallIdentity("p", thread_id="t3", parent_thread_id="main"))
     for _ in range(2):
         table.call_finished(record, None, engine="engine-0", service=None, completed=True)
     with pytest.raises(ProgramLimitExceeded, match="max_fork_depth") as deep:
-        table.call_arrived("p", "t3", parent_thread_id="t2")
+        table.call_arrived(CallIdentity("p", thread_id="t3", parent_thread_id="t2"))
     assert deep.value.code == "fork_too_deep"
-    table.call_arrived("p", "t3")  # no parent: a fork of main
-    table.call_arrived("p", "t4", parent_thread_id="t3")
+    table.call_arrived(CallIdentity("p", thread_id="t3"))  # no parent: a fork of main
+    table.call_arrived(CallIdentity("p", thread_id="t4", parent_thread_id="t3"))
     assert record.threads["t4"] == 2 and record.calls_active == 2
     for _ in range(2):
         table.call_finished(record, None, engine="engine-0", service=None, completed=True)
     with pytest.raises(ProgramLimitExceeded, match="max_threads"):
-        table.call_arrived("p", "t5")
+        table.call_arrived(CallIdentity("p", thread_id="t5"))
     assert len(record.threads) == 5 and record.calls_active == 0
 
 
 def test_a_call_id_is_refused_while_in_flight_and_after_completion_not_after_failure():
     table = ProgramTable(10, idle_ttl_s=600)
-    record = table.call_arrived("p", call_id="c1")
+    record = table.call_arrived(CallIdentity("p", call_id="c1"))
     with pytest.raises(CallIdReused, match="in flight"):
-        table.call_arrived("p", call_id="c1")
+        table.call_arrived(CallIdentity("p", call_id="c1"))
     table.call_finished(record, "c1", engine=None, service=None, completed=False)
-    table.call_arrived("p", call_id="c1")  # a retry of an attempt that failed
+    table.call_arrived(CallIdentity("p", call_id="c1"))  # a retry of an attempt that failed
     table.call_finished(record, "c1", engine="engine-0", service=4.0, completed=True)
     with pytest.raises(CallIdReused, match="has completed") as reused:
-        table.call_arrived("p", call_id="c1")
+        table.call_arrived(CallIdentity("p", call_id="c1"))
     assert (reused.value.status, reused.value.code) == (409, "call_id_reused")
     assert record.service == 4.0 and record.calls_active == 0

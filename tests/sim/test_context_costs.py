@@ -9,7 +9,7 @@ import pytest
 from autellix_vllm.policy import Levels, PolicyConfig, ServiceMeter
 from autellix_vllm.sim import CallSpec, ProgramSpec, generate, simulate
 from autellix_vllm.sim import presets as sim_presets
-from autellix_vllm.sim.engine import SimEngine, steps_to_reach
+from autellix_vllm.sim.engine_model import SimEngine, steps_to_reach
 from autellix_vllm.sim.presets import PRESETS
 
 A100 = PRESETS["a100-llama8b"]

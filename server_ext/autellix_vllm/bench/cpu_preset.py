@@ -31,7 +31,7 @@ import time
 import numpy as np
 import openai
 
-from autellix_vllm.bench.engine import PromptVocabulary
+from autellix_vllm.bench.replay import PromptVocabulary
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess
 
 BATCHES = (1, 2, 4, 8)

@@ -18,7 +18,7 @@ import sys
 
 from aiohttp import web
 
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.paths import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
     PROGRAM_PATH,

@@ -1,6 +1,6 @@
 """How well the simulator predicts the engine: ``autellix bench fidelity``.
 
-One workload is replayed on the real engine (:mod:`autellix_vllm.bench.engine`,
+One workload is replayed on the real engine (:mod:`autellix_vllm.bench.replay`,
 stock vLLM then the Autellix scheduler, one after the other) and in the
 simulator, on exactly what the engine saw: the same programs (token counts as
 replayed, tool gaps) and arrival times, the engine's seats, level boundaries,
@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autellix_vllm.bench.engine import (
+from autellix_vllm.bench.replay import (
     BenchSettings,
     ProgramResult,
     probe_program,

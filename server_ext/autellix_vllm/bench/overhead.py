@@ -1,6 +1,6 @@
 """Scheduler overhead: what the Autellix scheduler adds to each ``schedule()``.
 
-Model-free (see ``autellix_vllm.engine.testing``): the same requests go
+Model-free (see ``autellix_vllm.engine.model_free``): the same requests go
 through stock vLLM's scheduler (FCFS, vLLM's default) and through
 ``AutellixScheduler``, and every step is timed. The batch is full (``running``
 calls decoding) and ``waiting`` calls queue behind it, from programs at worse
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.stats import percentile
 
 BLOCK_SIZE = 16
@@ -32,15 +32,15 @@ def measure(
     """Time ``steps`` steps of both schedulers, alternating step by step so that
     background load on the machine hits both alike."""
     from autellix_vllm.engine import _vllm_adapter as adapter
-    from autellix_vllm.engine import testing
+    from autellix_vllm.engine import model_free
     from autellix_vllm.engine.scheduler import AutellixScheduler
 
-    model_dir = testing.write_config_only_model(Path(tempfile.mkdtemp()) / "model")
+    model_dir = model_free.write_config_only_model(Path(tempfile.mkdtemp()) / "model")
     # The waiting programs' prior service puts them in worse levels; an engine
     # honours prior service only with an engine key (engine.settings.engine_key).
     with patch.dict(os.environ, {ENGINE_KEY_VARIABLE: "bench-scheduler"}):
         schedulers = {
-            name: testing.model_free_scheduler(
+            name: model_free.model_free_scheduler(
                 cls,
                 model_dir,
                 max_num_seqs=running,
@@ -64,7 +64,7 @@ def measure(
             start = time.perf_counter()
             output = scheduler.schedule()
             scheduled = time.perf_counter()
-            testing.finish_step(scheduler, output)
+            model_free.finish_step(scheduler, output)
             done = time.perf_counter()
             assert not output.preempted_req_ids and len(output.num_scheduled_tokens) == running
             schedule_s[name].append(scheduled - start)
@@ -84,12 +84,12 @@ def measure(
 
 def _fill(scheduler: Any, running: int, waiting: int, warmup: int) -> None:
     """A full batch of fresh programs, then ``waiting`` calls of older programs."""
-    from autellix_vllm.engine import testing
+    from autellix_vllm.engine import model_free
 
     def add(i: int, prior_service: float) -> None:
         xargs = {"autellix_program_id": f"p{i}", "autellix_prior_service": prior_service}
         scheduler.add_request(
-            testing.new_request(
+            model_free.new_request(
                 f"r{i}",
                 [1 + i % 90] * PROMPT_TOKENS,
                 max_tokens=4000 - PROMPT_TOKENS,
@@ -102,7 +102,7 @@ def _fill(scheduler: Any, running: int, waiting: int, warmup: int) -> None:
     for i in range(running):  # fresh programs: the best level
         add(i, 0.0)
     for _ in range(warmup):  # admit and prefill them
-        testing.finish_step(scheduler, scheduler.schedule())
+        model_free.finish_step(scheduler, scheduler.schedule())
     assert len(scheduler.running) == running, "the batch did not fill"
     for i in range(running, running + waiting):  # programs with history: worse levels
         add(i, 1000.0 * (1 + i % 5))

@@ -9,7 +9,7 @@ both at once, which shares background load between them but needs a core per
 engine: on 2 cores, engines side by side crowd each other out unevenly
 (docs/benchmarks.md, engine benchmark).
 
-The workload is the engine benchmark's (:mod:`autellix_vllm.bench.engine`):
+The workload is the engine benchmark's (:mod:`autellix_vllm.bench.replay`):
 multi-call programs whose calls carry the program's growing transcript, so a
 program's later calls share a long prefix with its earlier ones. The two runs
 use different program ids, hence different transcripts, so the second run
@@ -35,7 +35,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from autellix_vllm.bench.engine import (
+from autellix_vllm.bench.replay import (
     BenchSettings,
     build_workload,
     engine_config,
@@ -46,8 +46,8 @@ from autellix_vllm.bench.engine import (
 )
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
-from autellix_vllm.cli.ps import fetch_table
 from autellix_vllm.engine.launcher import EngineProcess, start_all, stop_all
+from autellix_vllm.router.admin_client import fetch_table
 from autellix_vllm.workloads.trace import ProgramSpec
 
 POLICIES = ("round-robin", "locality")

@@ -38,7 +38,8 @@ from autellix_vllm.bench.subprocesses import (
     router_command,
     running,
 )
-from autellix_vllm.protocol import CHAT_COMPLETIONS_PATH, PROGRAM_ID_HEADER
+from autellix_vllm.protocol.identity import PROGRAM_ID_HEADER
+from autellix_vllm.protocol.paths import CHAT_COMPLETIONS_PATH
 from autellix_vllm.stats import percentile
 
 _CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")

@@ -26,7 +26,7 @@ import openai
 
 from autellix_vllm.bench.fake_upstream import COMPLETION_BODY
 from autellix_vllm.bench.subprocesses import FAKE_UPSTREAM_COMMAND, FAKE_UPSTREAM_READY, running
-from autellix_vllm.protocol import PROGRAMS_PATH
+from autellix_vllm.protocol.paths import PROGRAMS_PATH
 
 MOCK_BASE_URL = "http://mock.invalid/v1"
 MESSAGES = [{"role": "user", "content": "hi"}]

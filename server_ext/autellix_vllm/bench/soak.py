@@ -70,19 +70,21 @@ from autellix_vllm.bench.subprocesses import (
     ROUTER_READY,
 )
 from autellix_vllm.engine.reaper import dies_with_parent, group_members
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
+from autellix_vllm.protocol.identity import (
     CALL_ID_HEADER,
-    CHAT_COMPLETIONS_PATH,
-    ENGINE_KEY_VARIABLE,
-    ENGINE_PROGRAM_PATH,
-    ENGINE_TABLE_PATH,
-    ENGINES_PATH,
     PRIOR_SERVICE,
     PRIOR_SERVICE_HEADER,
     PROGRAM_ID,
     PROGRAM_ID_HEADER,
-    PROGRAMS_PATH,
     XARGS_FIELD,
+)
+from autellix_vllm.protocol.paths import (
+    CHAT_COMPLETIONS_PATH,
+    ENGINE_PROGRAM_PATH,
+    ENGINE_TABLE_PATH,
+    ENGINES_PATH,
+    PROGRAMS_PATH,
 )
 
 ENGINES = 2

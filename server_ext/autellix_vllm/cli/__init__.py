@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autellix_vllm.cli._arguments import HelpFormatter
+from autellix_vllm.cli._extras import missing_extra
 
 
 def _discover_commands() -> dict[str, str]:
@@ -83,7 +84,13 @@ def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentPar
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
     for name, module in (commands or COMMANDS).items():
-        importlib.import_module(module).add_parser(sub, name)
+        try:
+            importlib.import_module(module).add_parser(sub, name)
+        except ModuleNotFoundError as exc:
+            install = missing_extra(exc)
+            if commands is not None or install is None:
+                raise  # the command asked for: main says what to install
+            sub.add_parser(name, help=f"(not installed: {install})")
     return parser
 
 
@@ -110,12 +117,27 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = _one_line_warning
     # Only import the module of the command asked for; `--help` lists them all.
     wanted = {argv[0]: COMMANDS[argv[0]]} if argv and argv[0] in COMMANDS else None
-    parser = build_parser(wanted)
+    try:
+        parser = build_parser(wanted)
+    except ModuleNotFoundError as exc:  # the command's module needs an extra
+        return _missing_extra(exc, f"autellix {argv[0]}" if wanted else "autellix")
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
         print(f"{_command_parser(parser, args).prog}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        return _missing_extra(exc, _command_parser(parser, args).prog)
     except KeyboardInterrupt:
         return 130
+
+
+def _missing_extra(error: ModuleNotFoundError, prog: str) -> int:
+    """Say which extra to install for ``error``'s module (exit code 2); a module no
+    extra brings is a bug, raised on."""
+    install = missing_extra(error)
+    if install is None:
+        raise error
+    print(f"{prog}: error: {install}", file=sys.stderr)
+    return 2

@@ -124,7 +124,7 @@ def _add_workload_arguments(
 
 def _bench_settings(args: argparse.Namespace, **overrides: Any) -> Any:
     """The engine benchmark's settings from :func:`_add_workload_arguments`' flags."""
-    from autellix_vllm.bench.engine import BenchSettings
+    from autellix_vllm.bench.replay import BenchSettings
 
     overrides.update(seed=args.seed, workload=args.workload, model=args.model)
     if args.trace is not None:
@@ -139,7 +139,7 @@ def _bench_settings(args: argparse.Namespace, **overrides: Any) -> Any:
             overrides[option] = value
     settings = (BenchSettings.quick if args.quick else BenchSettings)(**overrides)
     if settings.trace is not None:
-        from autellix_vllm.bench.engine import build_workload
+        from autellix_vllm.bench.replay import build_workload
         from autellix_vllm.workloads import TraceError
 
         try:
@@ -159,7 +159,7 @@ def _describe(name: str, settings: Any) -> str:
 
 
 def _run_engine(args: argparse.Namespace) -> int:
-    from autellix_vllm.bench.engine import run_engine_bench
+    from autellix_vllm.bench.replay import run_engine_bench
 
     schedulers = tuple(args.schedulers.split(","))
     if len(schedulers) != 2 or not set(schedulers) <= set(SCHEDULERS):

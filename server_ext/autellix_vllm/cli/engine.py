@@ -41,7 +41,7 @@ from autellix_vllm.engine.launcher import (
 from autellix_vllm.engine.models import MODELS, ModelNotInstalledError, check_installed
 from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES, engine_policy, positive_number
 from autellix_vllm.policy import DEFAULT_POLICY, Levels
-from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 
 # What `autellix engine` and `autellix serve` serve without --model: the real
 # chat model, so agents get sensible answers out of the box.

@@ -28,28 +28,20 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any
 
 from autellix_vllm.cli import UsageError
 from autellix_vllm.cli._arguments import HelpFormatter
-from autellix_vllm.protocol import PROGRAMS_PATH
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-CLEAR_SCREEN = "\x1b[H\x1b[2J"
-PAGE_SIZE = 1000  # the router's largest page
-TOP_MAX_PROGRAMS = 1000
-NOT_A_ROUTER = (
-    "this looks like an engine (or another server), not a router: point --url at"
-    " autellix serve's router (its ready line names the URL)"
+from autellix_vllm.router.admin_client import (
+    DEFAULT_URL,
+    AdminClientError,
+    RouterUnavailable,
+    fetch_ended,
+    fetch_table,
 )
 
-
-class RouterUnavailable(UsageError):
-    """The router did not answer, or answered that it cannot serve now: worth
-    asking again (``top`` does), unlike a wrong URL or key."""
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+TOP_MAX_PROGRAMS = 1000
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -97,8 +89,11 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 
 def run_ps(args: argparse.Namespace) -> int:
-    table = fetch_table(args.url, args.api_key, max_programs=_max_programs(args))
-    ended = fetch_ended(args.url, args.api_key) if args.all else None
+    try:
+        table = fetch_table(args.url, args.api_key, max_programs=_max_programs(args))
+        ended = fetch_ended(args.url, args.api_key) if args.all else None
+    except AdminClientError as error:
+        raise UsageError(str(error)) from None
     if args.json:
         if ended is not None:
             table["ended_programs"] = ended["programs"]
@@ -126,6 +121,8 @@ def run_top(args: argparse.Namespace) -> int:
         except RouterUnavailable as error:
             down_since = down_since or stamp
             shown = f"{error} (since {down_since}); trying again every {args.interval:g} s"
+        except AdminClientError as error:
+            raise UsageError(str(error)) from None
         sys.stdout.write(f"{CLEAR_SCREEN}autellix top - {stamp} - {args.url}\n{shown}\n")
         sys.stdout.flush()
         frames += 1
@@ -138,77 +135,6 @@ def _max_programs(args: argparse.Namespace) -> int | None:
     if args.max_programs is not None and args.max_programs < 1:
         raise UsageError("--max-programs must be at least 1")
     return args.max_programs
-
-
-def fetch_table(
-    url: str, api_key: str | None, timeout_s: float = 5.0, max_programs: int | None = None
-) -> dict[str, Any]:
-    """The router's table (``GET /autellix/v1/programs``), its pages read in turn
-    up to ``max_programs`` programs (None: all)."""
-    root = router_root(url)
-    table = _get_page(root, api_key, timeout_s, {"limit": PAGE_SIZE})
-    programs = table["programs"] = list(table["programs"])
-    while table.get("next_after") is not None and (
-        max_programs is None or len(programs) < max_programs
-    ):
-        page = _get_page(root, api_key, timeout_s, {"limit": PAGE_SIZE,
-                                                   "after": table["next_after"]})  # fmt: skip
-        programs.extend(page["programs"])
-        table["next_after"] = page.get("next_after")
-    if max_programs is not None:
-        del programs[max_programs:]
-    return table
-
-
-def fetch_ended(url: str, api_key: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The final rows of the caller's programs that ended last, newest first
-    (``GET /autellix/v1/programs?ended=1``)."""
-    return _get_page(router_root(url), api_key, timeout_s, {"limit": PAGE_SIZE, "ended": 1})
-
-
-def router_root(url: str) -> str:
-    """The router's address without a trailing ``/v1`` (the SDK's base URL works too)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UsageError(f"--url {url!r} needs http:// or https:// and a host, e.g. {DEFAULT_URL}")
-    return url.rstrip("/").removesuffix("/v1")
-
-
-def _get_page(
-    root: str, api_key: str | None, timeout_s: float, query: dict[str, Any]
-) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    address = f"{root}{PROGRAMS_PATH}?{urllib.parse.urlencode(query)}"
-    request = urllib.request.Request(address, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            page = json.load(answer)
-    except urllib.error.HTTPError as error:
-        raise _refusal(root, error.code, api_key) from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise RouterUnavailable(f"cannot reach the router at {root}: {reason}") from None
-    except ValueError:  # not JSON
-        raise UsageError(f"{root} answered {PROGRAMS_PATH} without JSON: {NOT_A_ROUTER}") from None
-    if not isinstance(page, dict) or not isinstance(page.get("programs"), list):
-        raise UsageError(f"{root} answered {PROGRAMS_PATH} without a table: {NOT_A_ROUTER}")
-    return page
-
-
-def _refusal(root: str, status: int, api_key: str | None) -> UsageError:
-    """What an HTTP error status from ``root`` means to the user."""
-    if status == 401 and api_key:
-        return UsageError(
-            f"the router at {root} refused the key (401): pass one of its client keys or its"
-            " admin key (--api-key or $AUTELLIX_API_KEY), not an engine key"
-        )
-    if status == 401:
-        return UsageError(f"the router at {root} needs a key: --api-key or $AUTELLIX_API_KEY")
-    if status in (404, 405):  # a router always serves the table: an engine has no such route
-        return UsageError(f"{root} has no {PROGRAMS_PATH} ({status}): {NOT_A_ROUTER}")
-    if status >= 500:
-        return RouterUnavailable(f"the router at {root} answered {status}")
-    return UsageError(f"{root}{PROGRAMS_PATH} answered {status}")
 
 
 # ---- formatting ----------------------------------------------------------------------

@@ -59,7 +59,7 @@ from autellix_vllm.engine.launcher import (
     stop_on_signals,
 )
 from autellix_vllm.policy.routing import BALANCER_NAMES, DEFAULT_LOCALITY_THRESHOLD
-from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.router import RouterConfig, serve_router
 from autellix_vllm.router.config import DEFAULT_MAX_BODY_BYTES
 

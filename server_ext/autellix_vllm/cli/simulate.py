@@ -385,7 +385,7 @@ def _matrix(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..sim.bench_policy import bench_policy
+    from ..bench.policy_core import bench_policy
 
     result = bench_policy(args.running, args.waiting, steps=args.steps, policy=args.policy)
     print_result(result, args.json)

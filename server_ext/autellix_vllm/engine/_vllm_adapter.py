@@ -37,7 +37,7 @@ from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from autellix_vllm.protocol import CallIdentity, read_identity
+from autellix_vllm.protocol.identity import CallIdentity, read_identity
 
 PINNED_VLLM_VERSION = "0.32.0"
 VLLM_VERSION: str = vllm.__version__
@@ -57,15 +57,17 @@ __all__ = [
 
 
 def call_identity(request: Request) -> CallIdentity:
-    """Identity from ``vllm_xargs`` (flat ``autellix_*`` keys), else the session id;
-    with the client's retention hint (``autellix_retention_ttl_s``) if it sent one.
+    """Identity from ``vllm_xargs`` (flat ``autellix_*`` keys, as the middleware
+    wrote them), else the session id; with the client's retention hint
+    (``autellix_retention_ttl_s``) if it sent one.
 
-    Lenient: a malformed value counts as missing rather than failing the call
-    (the HTTP middleware has already rejected malformed values).
+    Read as the router and the middleware read it: a malformed value raises
+    :class:`~autellix_vllm.protocol.identity.IdentityError` (only a request that
+    bypassed the middleware can hold one).
     """
     params = request.sampling_params
     extra_args = params.extra_args if params is not None else None
-    return read_identity(xargs=extra_args, session_id=request.session_id, strict=False)
+    return read_identity(xargs=extra_args, session_id=request.session_id)
 
 
 def prompt_tokens(request: Request) -> int:

@@ -43,15 +43,13 @@ from prometheus_client.registry import Collector
 from autellix_vllm.engine import _vllm_adapter as adapter
 from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD, TABLE_METHOD
 from autellix_vllm.engine.settings import engine_key
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.bearer import INVALID_KEY_CODE, holds_key
+from autellix_vllm.protocol.identity import IdentityError, validate_id
+from autellix_vllm.protocol.openai_errors import error_body
+from autellix_vllm.protocol.paths import (
     ENGINE_PROGRAM_PATH,
     ENGINE_TABLE_MAX_IDS,
     ENGINE_TABLE_PATH,
-    INVALID_KEY_CODE,
-    IdentityError,
-    error_body,
-    holds_key,
-    validate_id,
 )
 
 logger = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ from autellix_vllm.engine.models import ModelSpec, resolve_model
 from autellix_vllm.engine.reaper import group_alive
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, settings_env
 from autellix_vllm.policy import Levels
-from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.registry import lookup
 
 SCHEDULER_CLS = "autellix_vllm.engine.scheduler.AutellixScheduler"

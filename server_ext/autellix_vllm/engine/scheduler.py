@@ -8,10 +8,13 @@ Every decision comes from :class:`autellix_vllm.policy.ProgramScheduler` (the
 "core"): the process table, levels, charging, anti-starvation and the choice
 of victims. This module only connects the core to vLLM's scheduler:
 
-* ``add_request`` registers the call with the core (identity from the body's
-  ``vllm_xargs``, else the session id; a call without either, or one that
-  would grow its program past the limits, is its own one-call program); the
-  call's prior service counts only on an engine with a key (see
+* ``add_request`` registers the call with the core: its
+  :class:`~autellix_vllm.protocol.identity.CallIdentity`, read from the
+  ``vllm_xargs`` the middleware wrote (else the session id) by the router's
+  reader, is handed over whole; a call without a program id, one that would
+  grow its program past the limits, or one whose identity is malformed (the
+  middleware was bypassed) is its own one-call program; the call's prior
+  service counts only on an engine with a key (see
   :func:`~autellix_vllm.engine.settings.engine_key`);
 * vLLM's ``waiting`` queue is a :class:`ProgramRequestQueue`, a view of the
   core's wait queue, so vLLM admits calls in the core's order;
@@ -21,7 +24,7 @@ of victims. This module only connects the core to vLLM's scheduler:
 * after each step is scheduled, every scheduled call is charged its service;
   after it ran, the core's clock advances (anti-starvation, idle eviction);
 * ``_free_request`` (every finish: stop, length, abort) completes the call;
-* under a KV-aware policy (``autellix-kv``), :mod:`autellix_vllm.engine.residency`
+* under a KV-aware policy (``autellix-kv``), :mod:`autellix_vllm.engine.block_holds`
   holds a finished program's blocks for its next call, and the waiting queue
   shows vLLM only the calls its working-set rule admits.
 
@@ -45,6 +48,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from autellix_vllm.engine import _vllm_adapter as adapter
@@ -55,10 +59,11 @@ from autellix_vllm.engine._vllm_adapter import (
     Scheduler,
     SchedulerOutput,
 )
-from autellix_vllm.engine.residency import EngineResidency
+from autellix_vllm.engine.block_holds import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
 from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler, Rank
 from autellix_vllm.policy.residency import SKIPPED_WAITERS
+from autellix_vllm.protocol.identity import NO_IDENTITY
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +223,11 @@ class AutellixSchedulerMixin:
             except Exception as error:
                 self.core.faults.record("add_request", error, "the call runs alone")
                 self.calls[request.request_id] = self.core.add_call(
-                    request.request_id, None, time.time(), payload=request, alone_id=_alone(request)
+                    NO_IDENTITY,
+                    time.time(),
+                    request_id=request.request_id,
+                    payload=request,
+                    alone_id=_alone(request),
                 )
             if self.residency is not None:
                 call = self.calls[request.request_id]
@@ -235,14 +244,12 @@ class AutellixSchedulerMixin:
                     " Further ones are counted in calls_without_identity."
                 )
             self.calls_without_identity += 1
-        prior_service = identity.prior_service if self.trust_prior_service else None
+        if identity.prior_service is not None and not self.trust_prior_service:
+            identity = replace(identity, prior_service=None)
         self.calls[request.request_id] = self.core.add_call(
-            identity.call_id or request.request_id,
-            identity.program_id,
+            identity,
             time.time(),
-            thread_id=identity.thread_id,
-            parent_thread_id=identity.parent_thread_id,
-            prior_service=prior_service or 0.0,
+            request_id=request.request_id,
             prompt_tokens=adapter.prompt_tokens(request),
             payload=request,
             alone_id=_alone(request),

@@ -42,7 +42,7 @@ from autellix_vllm.policy import (
     policy_name,
 )
 from autellix_vllm.policy.config import ServiceUnit
-from autellix_vllm.protocol import ENGINE_KEY_VARIABLE
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.registry import unknown
 
 T = TypeVar("T")

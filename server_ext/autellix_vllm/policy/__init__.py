@@ -57,7 +57,7 @@ from .routing import (
     Route,
     make_balancer,
 )
-from .table import MAIN_THREAD, Call, CallState, ProcessTable, Program, Rank, Thread
+from .table import Call, CallState, ProcessTable, Program, Rank, Thread
 
 __all__ = [
     "ANONYMOUS_PREFIX",
@@ -66,7 +66,6 @@ __all__ = [
     "BALANCERS",
     "BALANCER_NAMES",
     "FCFS",
-    "MAIN_THREAD",
     "MLFQ",
     "PLAS",
     "DEFAULT_POLICY",

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from .table import Program
+from typing import Literal, Protocol
 
 ServiceUnit = Literal["tokens", "time"]
 AtlasVariant = Literal["program", "thread"]
@@ -153,6 +150,14 @@ class ProgramLimits:
 DEFAULT_LIMITS = ProgramLimits()
 
 
+class ToolGaps(Protocol):
+    """What the residency rules read of a program (a table's ``Program``): its tool
+    gaps, the idle stretches from a completion to its next call."""
+
+    gaps: int
+    gap_total_s: float
+
+
 @dataclass(frozen=True)
 class ResidencyConfig:
     """How a KV-aware engine holds idle contexts and admits calls (policy.residency)."""
@@ -188,13 +193,13 @@ class ResidencyConfig:
         if not 0 <= self.min_ttl_s <= self.max_ttl_s:
             raise ValueError("need 0 <= min_ttl_s <= max_ttl_s")
 
-    def expected_gap_s(self, program: Program) -> float:
+    def expected_gap_s(self, program: ToolGaps) -> float:
         """The program's mean tool gap, pulled towards the prior while it has few."""
         total = self.prior_gap_s * self.prior_weight + program.gap_total_s
         return total / (self.prior_weight + program.gaps)
 
     def ttl_s(
-        self, program: Program, hint_s: float | None = None, reloadable: bool = False
+        self, program: ToolGaps, hint_s: float | None = None, reloadable: bool = False
     ) -> float:
         """How long to hold the program's idle context: a client's hint if it gave
         one, else some expected gaps (``reload_ttl_gaps`` if a host tier keeps the

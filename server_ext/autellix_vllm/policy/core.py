@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol.identity import CallIdentity
 from .bounded import swept_all
 from .config import PolicyConfig
 from .faults import Faults
@@ -89,21 +90,20 @@ class ProgramScheduler:
 
     def add_call(
         self,
-        call_id: str,
-        program_id: str | None,
+        identity: CallIdentity,
         now_s: float,
-        thread_id: str | None = None,
-        parent_thread_id: str | None = None,
-        prior_service: float = 0.0,
+        *,
+        request_id: str | None = None,
         prompt_tokens: int = 0,
         payload: Any = None,
         alone_id: str | None = None,
     ) -> Call:
         """Register a newly arrived call; it enters the level of its program's service.
 
-        ``prior_service`` (service the program attained elsewhere, as a router
-        reports it) raises the program's own count, up to the limits'
-        ``max_prior_service``.
+        The call's id is ``identity.call_id``, else ``request_id`` (the engine's
+        own id for the request). Its ``prior_service`` (service the program
+        attained elsewhere, as a router reports it) raises the program's own
+        count, up to the limits' ``max_prior_service``.
 
         A call that cannot join its program runs alone, as the one call of
         program ``alone_id`` (default ``ANONYMOUS_PREFIX + call_id``), which
@@ -112,41 +112,37 @@ class ProgramScheduler:
         (counted in ``table.calls_over_limit``), or when the policy fails to
         place it (counted in :attr:`faults`).
         """
-        if program_id is not None:
-            limit = self.table.limit_crossed(program_id, thread_id, parent_thread_id)
-            if limit is None:
-                call = self._join(
-                    call_id, program_id, now_s, thread_id, parent_thread_id, prior_service
-                )
+        call_id = identity.call_id or request_id
+        if call_id is None:
+            raise ValueError("a call needs a call id or a request id")
+        if identity.program_id is not None:
+            crossed = self.table.limit_crossed(identity)
+            if crossed is None:
+                call = self._join(call_id, identity, now_s)
                 if call is not None:
                     return self._admit(call, prompt_tokens, payload)
             else:
-                self.table.calls_over_limit[limit] += 1
+                self.table.calls_over_limit[crossed.limit] += 1
         program = self.table.open(alone_id or ANONYMOUS_PREFIX + call_id, now_s)
         program.ended = True  # it leaves the table with its only call
-        call = Call(call_id, program, program.thread(None), now_s)
+        call = Call(call_id, program, program.thread(None), now_s, identity=identity)
         base = self._base(call, "the call ranks as a new program")
         call.base = 0.0 if base is None else base
         return self._admit(call, prompt_tokens, payload)
 
-    def _join(
-        self,
-        call_id: str,
-        program_id: str,
-        now_s: float,
-        thread_id: str | None,
-        parent_thread_id: str | None,
-        prior_service: float,
-    ) -> Call | None:
+    def _join(self, call_id: str, identity: CallIdentity, now_s: float) -> Call | None:
         """The call as part of its program; None if the policy cannot place it."""
-        program = self.table.open(program_id, now_s)
+        assert identity.program_id is not None
+        program = self.table.open(identity.program_id, now_s)
         if not program.busy and program.last_completion_s is not None:
             program.gaps += 1  # it was idle, in a tool, since its last call ended
             program.gap_total_s += max(0.0, now_s - program.last_completion_s)
         program.last_arrival_s = now_s
-        prior_service = min(prior_service, self.table.limits.max_prior_service)
-        program.attained_service = max(program.attained_service, prior_service)
-        call = Call(call_id, program, program.thread(thread_id, parent_thread_id), now_s)
+        if identity.prior_service:
+            prior_service = min(identity.prior_service, self.table.limits.max_prior_service)
+            program.attained_service = max(program.attained_service, prior_service)
+        thread = program.thread(identity.thread_id, identity.parent_thread_id)
+        call = Call(call_id, program, thread, now_s, identity=identity)
         call.reuse = program.is_reuse(call_id)
         base = self._base(call, "the call runs alone")
         if base is None:

@@ -6,7 +6,8 @@ session API) and removed when the program is ended or has been idle for
 
 A program's shape comes from its client, so it is bounded by
 :class:`~autellix_vllm.policy.config.ProgramLimits` (:meth:`ProcessTable.limit_crossed`),
-and every walk over its threads keeps its own stack instead of recursing.
+its threads grow by the fork rule of :mod:`~autellix_vllm.policy.forks`, and
+every walk over its threads keeps its own stack instead of recursing.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import MAIN_THREAD_ID as MAIN_THREAD
+from ..protocol.identity import MAIN_THREAD_ID, NO_IDENTITY, CallIdentity
 from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
 from .config import DEFAULT_LIMITS, ProgramLimits
+from .forks import LimitCrossed, limit_crossed, new_threads
 
 # A call's place in the wait queue, compared as a tuple: smaller is better. It ends
 # with the call's unique seq, so no two calls tie.
@@ -120,63 +122,32 @@ class Program:
         return bool(self.active_calls)
 
     def thread(self, thread_id: str | None, parent_thread_id: str | None = None) -> Thread:
-        """The thread ``thread_id``, created (as a child of its parent) on first use."""
-        tid = thread_id or MAIN_THREAD
-        for new_id, parent_id in self._new_threads(tid, parent_thread_id):
-            parent = self.threads[parent_id] if parent_id is not None else None
-            created = Thread(new_id, parent=parent)
+        """The thread ``thread_id``, created (as a child of its parent) on first use,
+        by the fork rule (:func:`~autellix_vllm.policy.forks.new_threads`)."""
+        for new in new_threads(thread_id, parent_thread_id, self.depth_of):
+            parent = self.threads[new.parent_id] if new.parent_id is not None else None
+            created = Thread(new.thread_id, parent=parent, depth=new.depth)
             if parent is not None:
                 parent.children.append(created)
                 # A fork starts where its parent stands now, counting the parent's own
                 # finished forks: a parent that only forks never calls, so its
                 # own path alone would leave every new generation at zero.
                 created.critical_path = parent.joined_critical_path()
-                created.depth = parent.depth + 1
-            self.threads[new_id] = created
-        return self.threads[tid]
+            self.threads[new.thread_id] = created
+        return self.threads[thread_id or MAIN_THREAD_ID]
+
+    def depth_of(self, thread_id: str) -> int | None:
+        """The fork depth of thread ``thread_id``; None if the program has no such thread."""
+        thread = self.threads.get(thread_id)
+        return None if thread is None else thread.depth
 
     def limit_crossed(
         self, limits: ProgramLimits, thread_id: str | None, parent_thread_id: str | None
-    ) -> str | None:
-        """The limit (a :class:`ProgramLimits` field) a new call on ``thread_id`` would
-        cross, or None if it may join the program."""
-        if len(self.active_calls) >= limits.max_live_calls:
-            return "max_live_calls"
-        new_threads = self._new_threads(thread_id or MAIN_THREAD, parent_thread_id)
-        if len(self.threads) + len(new_threads) > limits.max_threads:
-            return "max_threads"
-        depth = 0  # of the last thread to create: the call's own, the deepest
-        for _, parent_id in new_threads:
-            if parent_id is None:
-                depth = 0
-            elif parent_id in self.threads:
-                depth = self.threads[parent_id].depth + 1
-            else:  # the parent is the thread created just before
-                depth += 1
-        if depth > limits.max_fork_depth:
-            return "max_fork_depth"
-        return None
-
-    def _new_threads(self, tid: str, parent_thread_id: str | None) -> list[tuple[str, str | None]]:
-        """The threads a call on ``tid`` creates, in order, each with its parent's id.
-
-        A new thread's parent is the one named, else the main thread (when there is
-        one). A parent named before it ran a call of its own is created first, as
-        a fork of the main thread.
-        """
-        if tid in self.threads:
-            return []
-        parent_id = self._parent_of_new(tid, parent_thread_id)
-        if parent_id is None or parent_id in self.threads:
-            return [(tid, parent_id)]
-        return [(parent_id, self._parent_of_new(parent_id, None)), (tid, parent_id)]
-
-    def _parent_of_new(self, tid: str, parent_thread_id: str | None) -> str | None:
-        if parent_thread_id and parent_thread_id != tid:
-            return parent_thread_id
-        if tid != MAIN_THREAD and MAIN_THREAD in self.threads:
-            return MAIN_THREAD
-        return None
+    ) -> LimitCrossed | None:
+        """The limit a new call on ``thread_id`` would cross, or None if it may join
+        the program."""
+        created = new_threads(thread_id, parent_thread_id, self.depth_of)
+        return limit_crossed(limits, len(self.threads), len(self.active_calls), created)
 
     def is_reuse(self, call_id: str) -> bool:
         """Whether a new call under ``call_id`` repeats a call rather than retrying one:
@@ -212,6 +183,8 @@ class Call:
     program: Program
     thread: Thread
     arrival_s: float
+    # As the call stated it (the engine reads the client's retention hint here).
+    identity: CallIdentity = NO_IDENTITY
     prompt_tokens: int = 0
     state: CallState = CallState.NEW
     # Program (or thread) service when the call arrived: its priority base.
@@ -278,12 +251,11 @@ class ProcessTable:
                 program.name = name
         return program
 
-    def limit_crossed(
-        self, program_id: str, thread_id: str | None, parent_thread_id: str | None
-    ) -> str | None:
-        """The limit a new call of ``program_id`` on ``thread_id`` would cross, or None."""
-        program = self._programs.get(program_id) or Program(program_id)
-        return program.limit_crossed(self.limits, thread_id, parent_thread_id)
+    def limit_crossed(self, identity: CallIdentity) -> LimitCrossed | None:
+        """The limit a new call of ``identity``'s program and thread would cross, or None."""
+        assert identity.program_id is not None
+        program = self._programs.get(identity.program_id) or Program(identity.program_id)
+        return program.limit_crossed(self.limits, identity.thread_id, identity.parent_thread_id)
 
     def touch(self, program: Program) -> None:
         """The program did something (a call completed): it is the most recently active."""

@@ -10,7 +10,8 @@ runner), ``middlewares`` (errors, API key), ``routes`` (handlers), ``calls``
 (reading a call), ``dispatch`` (choosing an engine, retries, relaying),
 ``usage`` (service from token usage, stream relay), ``programs`` (the global
 process table), ``engines`` (health and load), ``metrics``, ``config``,
-``errors``, ``state``.
+``errors``, ``state``; and ``admin_client``, which reads the table over HTTP
+(``autellix ps``, ``top``, the router benchmark).
 """
 
 from autellix_vllm.router.app import create_app, serve_router

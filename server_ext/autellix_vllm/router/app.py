@@ -26,7 +26,7 @@ from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from autellix_vllm.policy.routing import make_balancer
-from autellix_vllm.protocol import error_body
+from autellix_vllm.protocol.openai_errors import error_body
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.dispatch import Dispatcher
 from autellix_vllm.router.engines import EnginePool

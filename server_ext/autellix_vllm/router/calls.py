@@ -1,19 +1,22 @@
 """Reading one OpenAI call: its JSON body, model, program identity and prompt size.
 
 Identity is read exactly as the engines read it
-(:func:`autellix_vllm.protocol.read_identity`): the ``X-Autellix-*`` headers,
-else the body's ``vllm_xargs`` keys; the program id falls back to the session
-id. A malformed value is a 400 here, before any engine sees the call.
+(:func:`autellix_vllm.protocol.identity.read_identity`): the ``X-Autellix-*``
+headers, else the body's ``vllm_xargs`` keys; the program id falls back to the
+session id. A malformed value is a 400 here, before any engine sees the call.
+The call record (:class:`Call`) carries the accepted
+:class:`~autellix_vllm.protocol.identity.CallIdentity` whole: the process
+table takes it, and the dispatcher sends it on as headers.
 
 Then every scheduling field the client put in the body (the ``autellix_*``
-keys of ``vllm_xargs``, the prior service among them) is removed: the router
-sends the engine the identity it accepted, and the program's prior service,
-as headers of its own (``dispatch``), so the engine has one source for each.
-The client's retention hint (``X-Autellix-Retention-Ttl``, its
-``vllm_xargs`` key, or ``agent_hint.cache_control.ttl``) is passed on the
-same way, clamped to the residency bounds: it says how long to keep the
-program's context, never how it ranks. The body's ``agent_hint`` itself is
-passed on as it came.
+keys of ``vllm_xargs``, the prior service among them) is removed, and the
+client's prior service is not kept: the router sends the engine the identity
+it accepted, with the program's prior service, as headers of its own
+(``dispatch``), so the engine has one source for each. The client's retention
+hint (``X-Autellix-Retention-Ttl``, its ``vllm_xargs`` key, or
+``agent_hint.cache_control.ttl``) is passed on the same way, clamped to the
+residency bounds: it says how long to keep the program's context, never how
+it ranks. The body's ``agent_hint`` itself is passed on as it came.
 
 Prompt size, for the locality threshold, is a cheap estimate that needs no
 tokenizer: the characters of the prompt text (message contents, text parts,
@@ -28,22 +31,20 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autellix_vllm.policy.config import ResidencyConfig
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.identity import (
     AGENT_HINT_FIELD,
-    CHAT_COMPLETIONS_PATH,
-    COMPLETIONS_PATH,
-    KEY_TO_HEADER,
-    RESPONSES_PATH,
+    IDENTITY_XARGS,
     SESSION_ID_FIELD,
     XARGS_FIELD,
     CallIdentity,
     IdentityError,
     read_identity,
 )
+from autellix_vllm.protocol.paths import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from autellix_vllm.router.errors import ApiError
 
 # Keys of chat messages and response input items that hold prompt text.
@@ -57,20 +58,19 @@ _RESIDENCY = ResidencyConfig()
 
 @dataclass
 class Call:
+    """One generation call as the router accepted it."""
+
     path: str
     body: dict[str, Any]
     raw: bytes  # what is sent to the engine
     model: str
     stream: bool
-    program_id: str | None
-    thread_id: str | None
-    call_id: str | None
+    identity: CallIdentity
+    """As accepted: no prior service (the router states the program's own), the
+    retention hint within the engines' residency bounds."""
     prompt_tokens: int
     # The router asked for stream usage the client did not: drop that chunk.
     usage_injected: bool = False
-    parent_thread_id: str | None = None
-    # The client's retention hint, within the engines' residency bounds.
-    retention_ttl_s: float | None = None
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -114,17 +114,17 @@ def read_call(
     if model not in models:
         raise ApiError(404, _unknown_model(model, models), "model_not_found", "model")
     identity = _identity(body, headers)
+    if identity.prior_service is not None or identity.retention_ttl_s is not None:
+        identity = replace(
+            identity, prior_service=None, retention_ttl_s=clamped_ttl(identity.retention_ttl_s)
+        )
     call = Call(
         path=path,
         body=body,
         raw=raw,
         model=model,
         stream=body.get("stream") is True,
-        program_id=identity.program_id,
-        thread_id=identity.thread_id,
-        parent_thread_id=identity.parent_thread_id,
-        call_id=identity.call_id,
-        retention_ttl_s=clamped_ttl(identity.retention_ttl_s),
+        identity=identity,
         prompt_tokens=estimate_prompt_tokens(path, body, chars_per_token),
     )
     changed = _strip_scheduling_fields(body)
@@ -166,7 +166,7 @@ def _strip_scheduling_fields(body: dict[str, Any]) -> bool:
     xargs = body.get(XARGS_FIELD)
     if not isinstance(xargs, dict):
         return False
-    found = [key for key in KEY_TO_HEADER if key in xargs]
+    found = [key for key in IDENTITY_XARGS.values() if key in xargs]
     for key in found:
         del xargs[key]
     if found and not xargs:

@@ -35,7 +35,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 from aiohttp import web
@@ -43,7 +43,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
-from autellix_vllm.protocol import KEY_TO_HEADER, CallIdentity, error_body, normalized_error
+from autellix_vllm.protocol.identity import IDENTITY_HEADERS
+from autellix_vllm.protocol.openai_errors import error_body, normalized_error
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.engines import Engine, EnginePool
@@ -63,7 +64,7 @@ _DROPPED_HEADERS = frozenset(
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length", "expect",
         "authorization", "accept-encoding",
-        *(header.lower() for header in KEY_TO_HEADER.values()),
+        *(header.lower() for header in IDENTITY_HEADERS.values()),
     }
 )  # fmt: skip
 _PASSED_BACK_HEADERS = ("Content-Type", "X-Request-Id")
@@ -150,7 +151,7 @@ class Dispatcher:
             if record is not None:
                 self.programs.call_finished(
                     record,
-                    call.call_id,
+                    call.identity.call_id,
                     engine=outcome.engine.name if outcome.engine else None,
                     service=outcome.charged(call.prompt_tokens),
                     completed=outcome.completed,
@@ -195,15 +196,9 @@ class Dispatcher:
         """The record of the call's program, counting the call; None for a call
         without one. The table's refusals (ended, another key's, limits, a
         reused call id) are raised as they are."""
-        if call.program_id is None:
+        if call.identity.program_id is None:
             return None
-        return self.programs.call_arrived(
-            call.program_id,
-            call.thread_id,
-            parent_thread_id=call.parent_thread_id,
-            call_id=call.call_id,
-            caller=caller,
-        )
+        return self.programs.call_arrived(call.identity, caller)
 
     async def _send_with_retries(
         self,
@@ -229,9 +224,9 @@ class Dispatcher:
             except EngineUnreachable as error:
                 if error.stale and engine not in stale:
                     stale.add(engine)
-                    log.info("call %s: %s; trying again", call.call_id or "-", error)
+                    log.info("call %s: %s; trying again", call.identity.call_id or "-", error)
                 else:
-                    log.warning("call %s failed on %s", call.call_id or "-", error)
+                    log.warning("call %s failed on %s", call.identity.call_id or "-", error)
                     failed.append(engine)
                     self.pool.call_failed(engine, error.cause)
                 raise
@@ -264,16 +259,11 @@ class Dispatcher:
             for name, value in request.headers.items()
             if name.lower() not in _DROPPED_HEADERS
         }
-        accepted = CallIdentity(
-            program_id=call.program_id,
-            thread_id=call.thread_id,
-            parent_thread_id=call.parent_thread_id,
-            call_id=call.call_id,
-            prior_service=self._prior_service(record, engine),
-            retention_ttl_s=call.retention_ttl_s,
-        )
-        for key, value in accepted.as_xargs().items():
-            headers[KEY_TO_HEADER[key]] = str(value)
+        identity = call.identity
+        prior_service = self._prior_service(record, engine)
+        if prior_service is not None:
+            identity = replace(identity, prior_service=prior_service)
+        headers.update(identity.as_headers())
         return headers
 
     def _prior_service(self, record: ProgramRecord | None, engine: Engine) -> float | None:
@@ -383,7 +373,7 @@ def _passed_back(headers: aiohttp.typedefs.LooseHeaders) -> dict[str, str]:
 
 def _whole_answer(upstream: aiohttp.ClientResponse, payload: bytes) -> web.Response:
     """The engine's answer: its status, body and content type; an error's body is put
-    in the router's shape (:func:`~autellix_vllm.protocol.normalized_error`), whatever
+    in the router's shape (:func:`~autellix_vllm.protocol.openai_errors.normalized_error`), whatever
     shape the engine gave it."""
     headers = _passed_back(upstream.headers)
     if upstream.status >= 400:

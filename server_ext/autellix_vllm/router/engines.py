@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from autellix_vllm.protocol import ENGINE_TABLE_MAX_IDS, ENGINE_TABLE_PATH
+from autellix_vllm.protocol.paths import ENGINE_TABLE_MAX_IDS, ENGINE_TABLE_PATH
 from autellix_vllm.router.metrics import RouterMetrics
 
 log = logging.getLogger("autellix.router")

@@ -1,18 +1,18 @@
 """Errors the router answers itself, in OpenAI's shape.
 
-The body is :func:`autellix_vllm.protocol.error_body`, the same the engines
+The body is :func:`autellix_vllm.protocol.openai_errors.error_body`, the same the engines
 send: ``{"error": {"message", "type", "param", "code"}}`` with ``type`` derived
 from the status and ``code`` a short machine-readable name such as
 ``model_not_found`` or ``program_ended``. Errors from an engine are not made
 here: they pass through with the engine's status and message, their body put
-in this shape (``dispatch``, :func:`autellix_vllm.protocol.normalized_error`).
+in this shape (``dispatch``, :func:`autellix_vllm.protocol.openai_errors.normalized_error`).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from autellix_vllm.protocol import error_body
+from autellix_vllm.protocol.openai_errors import error_body
 
 __all__ = ["ApiError", "error_body", "error_response"]
 

@@ -12,7 +12,8 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from autellix_vllm.protocol import INVALID_KEY_CODE, status_error_code
+from autellix_vllm.protocol.bearer import INVALID_KEY_CODE
+from autellix_vllm.protocol.openai_errors import status_error_code
 from autellix_vllm.router.errors import ApiError, error_response
 from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing
 from autellix_vllm.router.metrics import RouterMetrics

@@ -46,13 +46,13 @@ from autellix_vllm.policy.bounded import (
     swept_all,
 )
 from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
+from autellix_vllm.policy.forks import LimitCrossed, limit_crossed, new_threads
 from autellix_vllm.policy.routing import Route
-from autellix_vllm.policy.table import MAIN_THREAD
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.identity import (
     CALL_ID_HEADER,
-    PARENT_THREAD_ID_HEADER,
+    IDENTITY_HEADERS,
     PROGRAM_ID_HEADER,
-    THREAD_ID_HEADER,
+    CallIdentity,
 )
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
@@ -82,7 +82,7 @@ class ProgramRecord:
     # The engine the program is bound to (by the last route that binds), if any.
     engine: str | None = None
     rebinds: int = 0
-    # Thread id -> its fork depth (forks below the main thread, which is 0).
+    # Thread id -> its fork depth (policy.forks: forks below its root, which is 0).
     threads: dict[str, int] = field(default_factory=dict)
     calls_active: int = 0
     calls_completed: int = 0
@@ -132,10 +132,11 @@ class CallIdReused(ApiError):
 
 
 class ProgramLimitExceeded(ApiError):
-    """A call would grow its program past one of ``ProgramLimits`` (named in ``code``)."""
+    """A call would grow its program past one of ``ProgramLimits`` (the fork rule's
+    refusal, :func:`~autellix_vllm.policy.forks.limit_crossed`)."""
 
-    def __init__(self, message: str, code: str, param: str | None) -> None:
-        super().__init__(400, message, code, param)
+    def __init__(self, crossed: LimitCrossed) -> None:
+        super().__init__(400, crossed.message, crossed.code, IDENTITY_HEADERS[crossed.part])
 
 
 # ---- paging --------------------------------------------------------------------------
@@ -253,18 +254,13 @@ class ProgramTable:
         program_id = "prog-" + secrets.token_urlsafe(18)  # 144 random bits
         return self._open(program_id, name, caller, issued=True)
 
-    def call_arrived(
-        self,
-        program_id: str,
-        thread_id: str | None = None,
-        *,
-        parent_thread_id: str | None = None,
-        call_id: str | None = None,
-        caller: Client = ANONYMOUS,
-    ) -> ProgramRecord:
-        """A call of ``program_id`` arrived: its record (opened if the id is new),
-        counting the call as active. Raises an :class:`ApiError` (see the module)
-        and changes nothing if the call may not run."""
+    def call_arrived(self, identity: CallIdentity, caller: Client = ANONYMOUS) -> ProgramRecord:
+        """A call of ``identity.program_id`` arrived: its record (opened if the id is
+        new), counting the call as active. Raises an :class:`ApiError` (see the
+        module) and changes nothing if the call may not run."""
+        program_id, call_id = identity.program_id, identity.call_id
+        if program_id is None:
+            raise ValueError("a call without a program id has no record")
         record = self._programs.get(program_id)
         if record is not None and not caller.may_see(record.owner):
             raise ProgramNotFound(program_id)
@@ -278,14 +274,17 @@ class ProgramTable:
                     f"the call id {call_id!r} has completed; a call id may be used again"
                     " only to retry an attempt that did not complete"
                 )
-        thread = thread_id or MAIN_THREAD
-        new_threads = self._new_threads(record, thread, parent_thread_id)
-        self._check_limits(record, new_threads)
+        known = record.threads if record is not None else {}
+        created = new_threads(identity.thread_id, identity.parent_thread_id, known.get)
+        live_calls = record.calls_active if record is not None else 0
+        crossed = limit_crossed(self.limits, len(known), live_calls, created)
+        if crossed is not None:
+            raise ProgramLimitExceeded(crossed)
         if record is None:
             record = self._open(program_id, None, caller, issued=False)
         else:
             self._programs.touch(program_id)
-        record.threads.update(new_threads)
+        record.threads.update((new.thread_id, new.depth) for new in created)
         record.calls_active += 1
         if call_id is not None:
             record.calls_in_flight.add(call_id)
@@ -474,50 +473,6 @@ class ProgramTable:
         if caller.may_see(owner):
             raise ProgramEnded(program_id, param)
         raise ProgramNotFound(program_id, param)
-
-    def _new_threads(
-        self, record: ProgramRecord | None, thread: str, parent: str | None
-    ) -> dict[str, int]:
-        """The threads a call on ``thread`` adds -> their fork depth: the thread, and
-        a parent named before it ran a call of its own (a fork of the main thread,
-        as on the engines). A thread without a parent forks from the main thread."""
-        known = record.threads if record is not None else {}
-        if thread in known:
-            return {}
-        main_depth = known.get(MAIN_THREAD, 0)
-        if not parent or parent == thread:
-            return {thread: 0 if thread == MAIN_THREAD else main_depth + 1}
-        if parent in known:
-            return {thread: known[parent] + 1}
-        parent_depth = 0 if parent == MAIN_THREAD else main_depth + 1
-        return {parent: parent_depth, thread: parent_depth + 1}
-
-    def _check_limits(self, record: ProgramRecord | None, new_threads: dict[str, int]) -> None:
-        limits = self.limits
-        threads = len(record.threads) if record is not None else 0
-        if threads + len(new_threads) > limits.max_threads:
-            raise ProgramLimitExceeded(
-                f"the program has {threads} threads; a new one would pass the limit of"
-                f" {limits.max_threads} threads per program (max_threads)",
-                "too_many_threads",
-                THREAD_ID_HEADER,
-            )
-        depth = max(new_threads.values(), default=0)
-        if depth > limits.max_fork_depth:
-            raise ProgramLimitExceeded(
-                f"the thread would be {depth} forks below the main thread; the limit is"
-                f" {limits.max_fork_depth} (max_fork_depth)",
-                "fork_too_deep",
-                PARENT_THREAD_ID_HEADER,
-            )
-        live = record.calls_active if record is not None else 0
-        if live >= limits.max_live_calls:
-            raise ProgramLimitExceeded(
-                f"the program has {live} calls in flight, the limit of calls in flight per"
-                " program (max_live_calls)",
-                "too_many_live_calls",
-                PROGRAM_ID_HEADER,
-            )
 
     def _in_table(self, record: ProgramRecord) -> bool:
         return self._programs.get(record.program_id) is record

@@ -25,14 +25,13 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.identity import IdentityError, validate_id
+from autellix_vllm.protocol.paths import (
     ENGINE_PROGRAM_PATH,
     ENGINES_PATH,
     GENERATION_PATHS,
     PROGRAM_PATH,
     PROGRAMS_PATH,
-    IdentityError,
-    validate_id,
 )
 from autellix_vllm.router.calls import parse_json_object, read_call
 from autellix_vllm.router.errors import ApiError

@@ -36,7 +36,7 @@ from ..policy import (
 from ..registry import lookup
 from ..stats import percentile
 from ..workloads.trace import CallSpec, ProgramSpec
-from .engine import Job, ProgramRun, SimEngine
+from .engine_model import Job, ProgramRun, SimEngine
 from .presets import EnginePreset, get_preset
 
 # Simulator policy name -> (policy core name, prefix caching on?). `vllm` and

@@ -1,12 +1,15 @@
-"""The wire contract between the SDK, the router and the engines.
+"""A call's identity: one typed value from the router's edge to the scheduler.
 
-One place for what travels on the wire: the identity headers and the
-``vllm_xargs`` keys they become, how identity is read and validated, the API
-paths, and the error body. Pure functions, no web framework: the engine's
-middleware and the router read identity through :func:`read_identity`, so both
-accept and reject exactly the same requests. The SDK (``autellix``) keeps its
-own copies of the header names and paths, since it must work without this
-package; ``tests/test_protocol.py`` checks that they match.
+:class:`CallIdentity` is what a call says about itself: its program, thread,
+parent thread and call id, the program's prior service and the client's
+retention hint. It is read once at each hop's edge, by :func:`read_identity`
+(the router from aiohttp's headers, the engine's middleware from the raw ASGI
+bytes, the scheduler from the ``vllm_xargs`` the middleware wrote), with one
+strictness, so every hop accepts and rejects exactly the same requests with the
+same :class:`IdentityError`. It travels on as one value (the router's call
+record, its process table, the engine's scheduler and table), and becomes
+wire fields one way: :meth:`CallIdentity.as_headers` (router -> engine) and
+:meth:`CallIdentity.as_xargs` (middleware -> scheduler).
 
 Identity (the SDK sends the headers; a client may instead put the flat keys
 straight into the body's ``vllm_xargs``):
@@ -52,22 +55,10 @@ a parent session runs on thread ``session_id``, forked from the parent's main
 thread (:data:`MAIN_THREAD_ID`). These parts count only where nothing above
 named the program (or named the same one), and ``cache_control.ttl`` only
 where no retention TTL was sent. Other keys of ``agent_hint`` are ignored.
-
-Paths: the OpenAI generation endpoints (:data:`GENERATION_PATHS`), the
-router's program and engine API (:data:`PROGRAMS_PATH`, :data:`ENGINES_PATH`)
-and each engine's own (:data:`ENGINE_TABLE_PATH`, :data:`ENGINE_PROGRAM_PATH`).
-
-Errors: OpenAI's shape, :func:`error_body`, from the router and the engines alike;
-:func:`normalized_error` puts any other error answer (vLLM's own) in that shape.
-
-Keys: :func:`holds_key` reads an ``Authorization: Bearer <key>`` header the way
-vLLM's own ``--api-key`` check does, in constant time.
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -76,7 +67,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# ---- identity: headers and vllm_xargs keys ------------------------------------------
+# ---- where identity travels: headers and vllm_xargs keys -----------------------------
 
 PROGRAM_ID_HEADER = "X-Autellix-Program-Id"
 THREAD_ID_HEADER = "X-Autellix-Thread-Id"
@@ -100,56 +91,33 @@ AGENT_HINT_FIELD = "agent_hint"
 MAIN_THREAD_ID = "main"
 """The thread a call without a thread id runs on (the policy's table too)."""
 
-# vllm_xargs key -> its header, as spelled on the wire.
-KEY_TO_HEADER: dict[str, str] = {
-    PROGRAM_ID: PROGRAM_ID_HEADER,
-    THREAD_ID: THREAD_ID_HEADER,
-    PARENT_THREAD_ID: PARENT_THREAD_ID_HEADER,
-    CALL_ID: CALL_ID_HEADER,
-    PRIOR_SERVICE: PRIOR_SERVICE_HEADER,
-    RETENTION_TTL: RETENTION_TTL_HEADER,
+# CallIdentity field -> its header, as spelled on the wire.
+IDENTITY_HEADERS: dict[str, str] = {
+    "program_id": PROGRAM_ID_HEADER,
+    "thread_id": THREAD_ID_HEADER,
+    "parent_thread_id": PARENT_THREAD_ID_HEADER,
+    "call_id": CALL_ID_HEADER,
+    "prior_service": PRIOR_SERVICE_HEADER,
+    "retention_ttl_s": RETENTION_TTL_HEADER,
 }
-# Header in lower case (as ASGI delivers it) -> vllm_xargs key.
-HEADER_TO_KEY: dict[str, str] = {header.lower(): key for key, header in KEY_TO_HEADER.items()}
+# CallIdentity field -> its vllm_xargs key.
+IDENTITY_XARGS: dict[str, str] = {
+    "program_id": PROGRAM_ID,
+    "thread_id": THREAD_ID,
+    "parent_thread_id": PARENT_THREAD_ID,
+    "call_id": CALL_ID,
+    "prior_service": PRIOR_SERVICE,
+    "retention_ttl_s": RETENTION_TTL,
+}
+# Header in lower case (as ASGI delivers it) -> CallIdentity field; X-Session-ID -> itself.
+_HEADER_FIELDS: dict[str, str] = {
+    **{header.lower(): field for field, header in IDENTITY_HEADERS.items()},
+    SESSION_ID_HEADER.lower(): SESSION_ID_HEADER,
+}
 
 MAX_ID_LENGTH = 128
 
-# ---- paths ------------------------------------------------------------------------
-
-CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
-RESPONSES_PATH = "/v1/responses"
-# The calls that carry an identity: the OpenAI generation endpoints, the ones the
-# SDK's OpenAI client makes and the router proxies and meters (it reads OpenAI's
-# usage). The engine's middleware tags exactly these, so a call is scheduled as
-# part of its program on the same endpoints whether it comes through the router
-# or straight to an engine. vLLM's Anthropic ``/v1/messages`` is not among them.
-GENERATION_PATHS = (CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, RESPONSES_PATH)
-
-PROGRAMS_PATH = "/autellix/v1/programs"
-"""Router: ``POST`` opens a program, ``GET`` is the global process table."""
-PROGRAM_PATH = PROGRAMS_PATH + "/{program_id}"
-"""Router: ``DELETE`` ends a program, there and on its engines."""
-ENGINES_PATH = "/autellix/v1/engines"
-"""Router: the engines, their health and load."""
-ENGINE_TABLE_PATH = "/autellix/v1/engine/table"
-"""Engine: its process table (``GET``; ``?summary=1``: without the programs' rows),
-or the rows of some programs (``POST {"program_ids": [...]}``)."""
-ENGINE_TABLE_MAX_IDS = 1000
-"""Program ids one ``POST`` of :data:`ENGINE_TABLE_PATH` may name."""
-ENGINE_PROGRAM_PATH = "/autellix/v1/engine/programs/{program_id}"
-"""Engine: ``DELETE`` ends a program there."""
-
-# The engine key: the secret a router (or an operator) holds for an engine. An
-# engine started with one (`autellix engine --api-key`, `autellix serve` makes
-# one per run) reads it from this variable, and takes scheduling fields (the
-# prior service) and its /autellix/v1/engine/* endpoints only from callers that
-# send it as `Authorization: Bearer <key>`, as vLLM's own --api-key does.
-ENGINE_KEY_VARIABLE = "AUTELLIX_ENGINE_KEY"
-# The error code of a request that lacks a key the server needs (status 401).
-INVALID_KEY_CODE = "invalid_api_key"
-
-# ---- identity: reading and validation ---------------------------------------------
+# ---- the value and its reader ------------------------------------------------------
 
 
 class IdentityError(ValueError):
@@ -177,15 +145,23 @@ class CallIdentity:
 
     def as_xargs(self) -> dict[str, str | float]:
         """The ``vllm_xargs`` keys of the parts that are set."""
-        parts = {
-            PROGRAM_ID: self.program_id,
-            THREAD_ID: self.thread_id,
-            PARENT_THREAD_ID: self.parent_thread_id,
-            CALL_ID: self.call_id,
-            PRIOR_SERVICE: self.prior_service,
-            RETENTION_TTL: self.retention_ttl_s,
+        return {
+            key: value
+            for field, key in IDENTITY_XARGS.items()
+            if (value := getattr(self, field)) is not None
         }
-        return {key: value for key, value in parts.items() if value is not None}
+
+    def as_headers(self) -> dict[str, str]:
+        """The headers of the parts that are set."""
+        return {
+            header: str(value)
+            for field, header in IDENTITY_HEADERS.items()
+            if (value := getattr(self, field)) is not None
+        }
+
+
+NO_IDENTITY = CallIdentity()
+"""A call that says nothing about itself: it runs alone."""
 
 
 def validate_id(value: object, param: str) -> str:
@@ -197,10 +173,10 @@ def validate_id(value: object, param: str) -> str:
         raise IdentityError(
             f"{param} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}", param
         )
-    if any("\ud800" <= ch <= "\udfff" for ch in value):
-        # How a header's bytes that are not UTF-8 arrive (decoded with surrogateescape).
-        raise IdentityError(f"{param} is not valid UTF-8", param)
-    if any(not ch.isprintable() for ch in value):
+    if not value.isprintable():  # one pass in C; lone surrogates are not printable
+        if any("\ud800" <= ch <= "\udfff" for ch in value):
+            # How a header's bytes that are not UTF-8 arrive (decoded with surrogateescape).
+            raise IdentityError(f"{param} is not valid UTF-8", param)
         raise IdentityError(f"{param} contains a control character", param)
     return value
 
@@ -261,9 +237,8 @@ def read_identity(
     session_id: object = None,
     *,
     agent_hint: object = None,
-    strict: bool = True,
 ) -> CallIdentity:
-    """The identity of one call, from every place it may travel.
+    """The identity of one call, from every place it may travel; the one reader.
 
     ``headers``: the request's (name, value) pairs, names matched
     case-insensitively; the ``X-Autellix-*`` ones and ``X-Session-ID`` are read.
@@ -275,40 +250,37 @@ def read_identity(
     ``session_id``, used when ``X-Session-ID`` is absent. ``agent_hint``: the
     body's ``agent_hint``, read last (see the module's docstring).
 
-    Strict (the router, the engine's middleware): every identity value present
-    must be well-formed, even one that a header overrides, else
-    :class:`IdentityError` names it. Lenient (inside the engine's scheduler,
-    where a bad value must never fail a call): a malformed value counts as
-    missing, and the next place in the precedence is used.
+    Every identity value present must be well-formed, even one that a header
+    overrides, else :class:`IdentityError` names it.
     """
-    read = _strict if strict else _lenient
     from_headers = _identity_headers(headers)
     from_body = xargs if isinstance(xargs, Mapping) else {}
 
-    def part(key: str, validate: Callable[[object, str], T]) -> T | None:
+    def part(field: str, validate: Callable[[object, str], T]) -> T | None:
         """The header's value, else the body key's; each one present is read."""
         header = None
-        if key in from_headers:
-            header = read(validate, from_headers[key], KEY_TO_HEADER[key])
+        if field in from_headers:
+            header = validate(from_headers[field], IDENTITY_HEADERS[field])
         body = None
+        key = IDENTITY_XARGS[field]
         if key in from_body:
-            body = read(validate, from_body[key], f"{XARGS_FIELD}.{key}")
+            body = validate(from_body[key], f"{XARGS_FIELD}.{key}")
         return header if header is not None else body
 
-    program_id = part(PROGRAM_ID, validate_id)
-    thread_id = part(THREAD_ID, validate_id)
-    parent_thread_id = part(PARENT_THREAD_ID, validate_id)
-    call_id = part(CALL_ID, validate_id)
-    prior_service = part(PRIOR_SERVICE, validate_service)
-    retention_ttl_s = part(RETENTION_TTL, validate_ttl)
+    program_id = part("program_id", validate_id)
+    thread_id = part("thread_id", validate_id)
+    parent_thread_id = part("parent_thread_id", validate_id)
+    call_id = part("call_id", validate_id)
+    prior_service = part("prior_service", validate_service)
+    retention_ttl_s = part("retention_ttl_s", validate_ttl)
     header_session_id = None
     if SESSION_ID_HEADER in from_headers:
-        header_session_id = read(validate_id, from_headers[SESSION_ID_HEADER], SESSION_ID_HEADER)
+        header_session_id = validate_id(from_headers[SESSION_ID_HEADER], SESSION_ID_HEADER)
     body_session_id = None
     if session_id is not None:
-        body_session_id = read(validate_id, session_id, SESSION_ID_FIELD)
+        body_session_id = validate_id(session_id, SESSION_ID_FIELD)
     program_id = program_id or header_session_id or body_session_id
-    hint = _read_agent_hint(agent_hint, read)
+    hint = _read_agent_hint(agent_hint)
     if hint.program_id is not None and program_id in (None, hint.program_id):
         program_id = hint.program_id
         if thread_id is None:
@@ -323,26 +295,24 @@ def read_identity(
     )
 
 
-def _read_agent_hint(hint: object, read: Callable[..., Any]) -> CallIdentity:
+def _read_agent_hint(hint: object) -> CallIdentity:
     """What a body's ``agent_hint`` says: program, thread, parent thread and
     retention TTL (a :class:`CallIdentity` without a call id)."""
     if hint is None:
         return CallIdentity()
-    if not isinstance(hint, Mapping):
-        read(_object, hint, AGENT_HINT_FIELD)
-        return CallIdentity()
+    hint = _object(hint, AGENT_HINT_FIELD)
     session = parent = ttl = None
     if hint.get("session_id") is not None:
-        session = read(validate_id, hint["session_id"], f"{AGENT_HINT_FIELD}.session_id")
+        session = validate_id(hint["session_id"], f"{AGENT_HINT_FIELD}.session_id")
     if hint.get("parent_session_id") is not None:
         param = f"{AGENT_HINT_FIELD}.parent_session_id"
-        parent = read(validate_id, hint["parent_session_id"], param)
+        parent = validate_id(hint["parent_session_id"], param)
     cache_control = hint.get("cache_control")
     if cache_control is not None:
-        cache_control = read(_object, cache_control, f"{AGENT_HINT_FIELD}.cache_control")
-    given_ttl = cache_control.get("ttl") if isinstance(cache_control, Mapping) else None
-    if given_ttl is not None:
-        ttl = read(validate_ttl, given_ttl, f"{AGENT_HINT_FIELD}.cache_control.ttl")
+        cache_control = _object(cache_control, f"{AGENT_HINT_FIELD}.cache_control")
+        if cache_control.get("ttl") is not None:
+            param = f"{AGENT_HINT_FIELD}.cache_control.ttl"
+            ttl = validate_ttl(cache_control["ttl"], param)
     forked = parent is not None and session is not None and session != parent
     return CallIdentity(
         program_id=parent or session,
@@ -359,8 +329,8 @@ def _object(value: object, param: str) -> Mapping[str, Any]:
 
 
 def _identity_headers(headers: Iterable[Header]) -> dict[str, str]:
-    """The identity headers among ``headers``: the ``vllm_xargs`` key (``X-Session-ID``
-    for that header) -> the value without surrounding whitespace.
+    """The identity headers among ``headers``: the :class:`CallIdentity` field
+    (``X-Session-ID`` for that header) -> the value without surrounding whitespace.
 
     The one place header values are read, so one decoding rule serves them all.
     An empty parent thread header is left out: a main thread's calls send it
@@ -368,14 +338,13 @@ def _identity_headers(headers: Iterable[Header]) -> dict[str, str]:
     """
     found: dict[str, str] = {}
     for raw_name, raw_value in headers:
-        name = _text(raw_name).lower()
-        key = SESSION_ID_HEADER if name == SESSION_ID_HEADER.lower() else HEADER_TO_KEY.get(name)
-        if key is None:
+        field = _HEADER_FIELDS.get(_text(raw_name).lower())
+        if field is None:
             continue
         value = _text(raw_value).strip()
-        if key == PARENT_THREAD_ID and not value:
+        if field == "parent_thread_id" and not value:
             continue
-        found[key] = value
+        found[field] = value
     return found
 
 
@@ -383,113 +352,3 @@ def _text(value: str | bytes) -> str:
     """A header's name or value as text: bytes are UTF-8, those that are not kept
     as lone surrogates (:func:`validate_id` rejects them)."""
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
-
-
-def _strict(validate: Callable[[object, str], T], value: object, param: str) -> T:
-    return validate(value, param)
-
-
-def _lenient(validate: Callable[[object, str], T], value: object, param: str) -> T | None:
-    try:
-        return validate(value, param)
-    except IdentityError:
-        return None
-
-
-# ---- keys -------------------------------------------------------------------------
-
-
-def holds_key(authorization: str | bytes | None, key: str) -> bool:
-    """Whether an ``Authorization`` header value carries ``key``: ``Bearer <key>``,
-    the scheme in any case, as vLLM's ``--api-key`` check reads it.
-
-    Compared in constant time, so the answer's timing tells nothing of the key.
-    """
-    if not authorization:
-        return False
-    if isinstance(authorization, str):
-        authorization = authorization.encode("utf-8", "surrogateescape")
-    scheme, _, given = authorization.partition(b" ")
-    return scheme.lower() == b"bearer" and hmac.compare_digest(given, key.encode())
-
-
-# ---- errors -----------------------------------------------------------------------
-
-
-def error_type(status: int) -> str:
-    """OpenAI's error ``type`` for an HTTP status."""
-    if status == 401:
-        return "authentication_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
-
-
-# HTTP status -> the error code of an answer that names none (vLLM's `"code": 400`,
-# its `{"error": "Unauthorized"}`, FastAPI's `{"detail": ...}`, aiohttp's errors).
-STATUS_ERROR_CODES = {
-    400: "invalid_request",
-    401: INVALID_KEY_CODE,
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    409: "conflict",
-    413: "body_too_large",
-    422: "invalid_request",
-    429: "rate_limited",
-    500: "internal_error",
-    501: "not_implemented",
-    502: "bad_gateway",
-    503: "service_unavailable",
-    504: "gateway_timeout",
-}
-
-
-def status_error_code(status: int) -> str:
-    """The error code for an HTTP ``status`` when nothing more specific is known."""
-    return STATUS_ERROR_CODES.get(status, "server_error" if status >= 500 else "http_error")
-
-
-def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``.
-
-    ``code`` is a short machine-readable name such as ``invalid_identity`` or
-    ``model_not_found``; ``param`` names the offending parameter, if any.
-    """
-    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
-
-
-def normalized_error(status: int, body: bytes) -> dict[str, Any]:
-    """An error answer's ``body`` (any bytes) as :func:`error_body` of ``status``.
-
-    The message is kept: the error's ``message`` (OpenAI's and vLLM's shape), a
-    bare ``{"error": "text"}`` (vLLM's 401), FastAPI's ``detail``, else the body
-    as text. A string ``code`` and ``param`` are kept; any other code (vLLM's
-    integer ``400``) becomes :func:`status_error_code`. Our own bodies come
-    back unchanged.
-    """
-    try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
-        payload = None
-    error = payload.get("error") if isinstance(payload, dict) else None
-    fields = error if isinstance(error, dict) else {}
-    if isinstance(error, dict):
-        message: object = error.get("message")
-    elif error is not None:
-        message = error
-    elif isinstance(payload, dict) and "detail" in payload:
-        message = payload["detail"]
-    else:
-        message = body.decode("utf-8", "replace").strip()
-    if not isinstance(message, str):
-        message = json.dumps(message) if message is not None else ""
-    code = fields.get("code")
-    param = fields.get("param")
-    return error_body(
-        status,
-        message or f"the server answered {status}",
-        code if isinstance(code, str) and code else status_error_code(status),
-        param if isinstance(param, str) else None,
-    )

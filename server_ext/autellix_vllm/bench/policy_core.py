@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from ..policy import DEFAULT_POLICY, PolicyConfig, ProgramScheduler, make_policy
+from ..protocol.identity import CallIdentity
 from ..stats import percentile
 
 
@@ -34,7 +35,8 @@ def bench_policy(
 
     def arrive() -> None:
         pid = f"p{rng.randrange(programs)}"
-        call = core.add_call(next(ids), pid, now, thread_id=f"t{rng.randrange(4)}")
+        identity = CallIdentity(pid, thread_id=f"t{rng.randrange(4)}", call_id=next(ids))
+        call = core.add_call(identity, now)
         call.payload = rng.randint(16, 512)  # decode tokens it will run
         core.enqueue(call)
 

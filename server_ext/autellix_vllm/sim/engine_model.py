@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 from ..policy import Call, ProgramScheduler
 from ..policy.residency import SKIPPED_WAITERS, Residency, undo_cost
+from ..protocol.identity import CallIdentity
 from ..workloads.trace import CallSpec
 from .presets import EnginePreset
 
@@ -387,16 +388,14 @@ class SimEngine:
 
     def submit(self, job: Job, now: float, prior_service: float) -> None:
         spec = job.spec
-        job.call = self.core.add_call(
-            spec.id,
+        identity = CallIdentity(
             job.program.program_id,
-            now,
             thread_id=spec.thread,
             parent_thread_id=spec.parent_thread,
+            call_id=spec.id,
             prior_service=prior_service,
-            prompt_tokens=spec.prompt_tokens,
-            payload=job,
         )
+        job.call = self.core.add_call(identity, now, prompt_tokens=spec.prompt_tokens, payload=job)
         job.wait_since = now
         if self.residency is not None:
             self.residency.waiting(job.context)

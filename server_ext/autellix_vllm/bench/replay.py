@@ -53,15 +53,13 @@ from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.engine.models import resolve_model
 from autellix_vllm.policy import PolicyConfig
-from autellix_vllm.protocol import (
+from autellix_vllm.protocol.identity import (
     CALL_ID_HEADER,
-    COMPLETIONS_PATH,
-    ENGINE_PROGRAM_PATH,
-    ENGINE_TABLE_PATH,
     PARENT_THREAD_ID_HEADER,
     PROGRAM_ID_HEADER,
     THREAD_ID_HEADER,
 )
+from autellix_vllm.protocol.paths import COMPLETIONS_PATH, ENGINE_PROGRAM_PATH, ENGINE_TABLE_PATH
 from autellix_vllm.stats import percentile
 from autellix_vllm.workloads import at_rate, generate, get_workload, load_trace
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec

@@ -74,7 +74,7 @@ class EngineResidency:
         if program_id in self._blocks:  # an earlier call's hold: the new one replaces it
             self.rules.release(program_id)
             self._unreference(program_id)
-        hint_s = adapter.call_identity(request).retention_ttl_s  # the client's, if any
+        hint_s = call.identity.retention_ttl_s  # the client's, if any
         for ended in self.rules.hold(program_id, program, len(blocks), time.time(), hint_s):
             self._unreference(ended)
         if program_id in self.rules:
