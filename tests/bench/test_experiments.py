@@ -1,0 +1,64 @@
+"""The scripts of bench/experiments run, each on a tiny input."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "bench" / "experiments"
+
+
+def experiment(name: str) -> ModuleType:
+    """The script as a module its process pool's workers can import too."""
+    if str(EXPERIMENTS) not in sys.path:
+        sys.path.append(str(EXPERIMENTS))
+    return importlib.import_module(name)
+
+
+def test_every_script_is_listed_and_has_a_main():
+    listed = (EXPERIMENTS / "README.md").read_text()
+    for path in EXPERIMENTS.glob("*.py"):
+        assert f"`{path.name}`" in listed
+        assert callable(experiment(path.stem).main)
+
+
+def test_the_replica_grid_finds_the_short_program_that_pays(capsys):
+    assert experiment("replica_grid").main(
+        ["--seeds", "2", "--speeds", "234", "--scales", "0.736", "--workers", "1", "--json"]
+    ) == 0
+    result = json.loads(capsys.readouterr().out)
+    (point,) = result["points"]
+    assert point["avg_ratio"] == pytest.approx(result["summary"]["mean_avg_ratio"])
+    # Seed 2's late single-call program, preempted after its own prefill.
+    assert "agent-7" in point["short_over"]
+
+
+def test_a_band_is_the_mean_of_its_rates(capsys):
+    band = experiment("band")
+    args = ["--workload", "bfcl", "--setting", "a100-llama8b", "--centre", "0:4.0",
+            "--workers", "1"]  # fmt: skip
+    assert band.main([*args, "--points", "2"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    one = [band.average(("bfcl", band.setting("a100-llama8b"), "autellix", band.PolicyConfig(),
+                         False, 0, rate)) for rate in (3.8, 4.2)]  # fmt: skip
+    assert both["mean"] == pytest.approx(sum(one) / 2)
+
+
+def test_the_crossing_is_the_highest_passing_and_lowest_failing_rate(capsys):
+    args = ["--workload", "bfcl", "--setting", "a100-llama8b", "--guess", "vllm-opt:4,autellix:4.4",
+            "--points", "3", "--step", "0.5", "--workers", "1"]  # fmt: skip
+    assert experiment("crossing").main(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    grids, crossings = lines[:2], lines[2:]
+    for grid, crossing in zip(grids, crossings, strict=True):
+        assert grid["policy"] == crossing["policy"]
+        rates = {float(rate): value for rate, value in grid["averages"].items()}
+        passing = [rate for rate, value in rates.items() if value <= grid["slo"]]
+        assert crossing["highest_passing"] == max(passing, default=0.0)
+        assert len(rates) == 3 and grid["slo"] > 0
+    assert crossings[0]["ratio_passing"] == 1.0
