@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO
 
 from _common import OneLineArgumentParser, ProgramReport, format_reports, positive_int
+from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.engine.models import ModelNotInstalledError, resolve_model
 from autellix_vllm.stats import percentile
 
@@ -364,14 +365,20 @@ def format_comparison(runs: dict[str, list[Example]]) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = OneLineArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", default="smollm2", help="smollm2, tiny or a model folder")
-    parser.add_argument("--engines", type=positive_int, help="vLLM engines per run (default 1)")
-    parser.add_argument("--max-num-seqs", type=positive_int, default=4, help="seats an engine")
-    parser.add_argument("--react-agents", type=positive_int, default=10)
-    parser.add_argument("--max-steps", type=positive_int, default=2, help="per ReAct agent")
+    parser.add_argument(
+        "--engines", type=positive_int, help="vLLM engines per scheduler (default: 1)"
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=positive_int, default=4, help="seats (calls at once) an engine"
+    )
+    parser.add_argument(
+        "--react-agents", type=positive_int, default=10, help="ReAct agents (programs) a run"
+    )
+    parser.add_argument(
+        "--max-steps", type=positive_int, default=2, help="tool steps per ReAct agent"
+    )
     parser.add_argument(
         "--react-every", type=float, default=2.0, help="seconds between ReAct arrivals"
     )
@@ -379,17 +386,21 @@ def parser() -> argparse.ArgumentParser:
         "--react-after", type=float, default=8.0,
         help="seconds from the searches' start to the first ReAct agent",
     )  # fmt: skip
-    parser.add_argument("--mcts-programs", type=positive_int, default=2)
+    parser.add_argument(
+        "--mcts-programs", type=positive_int, default=2, help="MCTS searches (programs) a run"
+    )
     parser.add_argument("--width", type=positive_int, default=6, help="MCTS children per step")
     parser.add_argument("--iterations", type=positive_int, default=4, help="MCTS expansions")
     parser.add_argument("--seed", type=int, default=0, help="the agents' sampling seed")
     parser.add_argument(
-        "--compare", action=argparse.BooleanOptionalAction, default=True,
-        help="also run the mix under stock vLLM and compare (default: yes)",
+        "--no-compare", dest="compare", action="store_false",
+        help="run the mix under autellix only, not also under stock vLLM",
     )  # fmt: skip
     parser.add_argument("--ps-every", type=float, default=10.0, help="seconds between ps")
     parser.add_argument(
-        "--upstream", metavar="URL", help="route over this running engine instead of starting one"
+        "--upstream",
+        metavar="URL",
+        help="route over this running engine instead of starting engines (default: none)",
     )
     return parser
 
