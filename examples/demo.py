@@ -390,7 +390,7 @@ def parser() -> argparse.ArgumentParser:
         "--mcts-programs", type=positive_int, default=2, help="MCTS searches (programs) a run"
     )
     parser.add_argument("--width", type=positive_int, default=6, help="MCTS children per step")
-    parser.add_argument("--iterations", type=positive_int, default=4, help="MCTS expansions")
+    parser.add_argument("--iterations", type=positive_int, default=6, help="MCTS expansions")
     parser.add_argument("--seed", type=int, default=0, help="the agents' sampling seed")
     parser.add_argument(
         "--no-compare", dest="compare", action="store_false",

@@ -13,7 +13,7 @@ import mcts_agent
 import pytest
 import react_agent
 from _common import ProgramReport, connect, format_reports, parse_json_object, write_reports
-from game24 import OPERATORS, combine, is_solution, show
+from game24 import OPERATORS, combine, is_solution, reachable, show
 from knowledge_base import KnowledgeBase
 from react_agent import (
     Step,
@@ -26,7 +26,6 @@ from react_agent import (
     step_schema,
 )
 from scripted_server import as_json, schema_name, schema_of, scripted_server
-from test_game24 import solvable_values
 
 
 async def run_example(module, base_url: str, *options: str) -> list[ProgramReport]:
@@ -196,7 +195,7 @@ def solver(body: dict) -> str:
             for operator in OPERATORS:
                 result = combine(first, operator, second) if i != j else None
                 rest = [v for k, v in enumerate(values) if k not in (i, j)]
-                if result is not None and solvable_values([*rest, result]):
+                if result is not None and reachable([*rest, result]):
                     return as_json({"first": show(first), "operator": operator,
                                     "second": show(second)})  # fmt: skip
     return as_json({"first": "0", "operator": "+", "second": "0"})
@@ -267,3 +266,16 @@ def test_reports_serialise_to_json(tmp_path):
     [row] = json.loads((tmp_path / "r.json").read_text())
     assert ProgramReport(**row) == report
     assert "4" in format_reports([report]).splitlines()[1].split()
+
+
+async def test_mcts_prompts_carry_the_solvers_advice_unless_told_not_to():
+    async with scripted_server(solver) as server:
+        await run_example(mcts_agent, server.base_url, "--puzzle", "3 3 8 8", "--width", "2")
+    proposals = [last_message(b) for b in server.requests if schema_name(b) == "move"]
+    values = [last_message(b) for b in server.requests if schema_name(b) == "value"]
+    # From 3 3 8 8 the only move that keeps 24 reachable is 8 / 3.
+    assert '{"first":"8","operator":"/","second":"3"}' in proposals[0]
+    assert all("Solver: sure" in prompt for prompt in values)  # the solver model keeps it so
+    async with scripted_server(solver) as server:
+        await run_example(mcts_agent, server.base_url, "--puzzle", "3 3 8 8", "--no-solver")
+    assert not any("Solver" in last_message(body) for body in server.requests)
