@@ -83,6 +83,8 @@ def test_a_negative_switch_says_what_giving_it_does():
         (["simulate", "run", "--trace", "/no/such/trace.jsonl"], "autellix simulate run: error:"),
         (["bench", "scheduler", "--steps", "0"], "autellix bench scheduler: error:"),
         (["ps", "--url", "localhost:8000"], "autellix ps: error:"),
+        (["engine", "--model", "tiny", "--kv-offload-gib", "8"], "autellix engine: error:"),
+        (["serve", "--device", "cpu", "--kv-offload-gib", "8"], "autellix serve: error:"),
     ],
 )
 def test_a_mistake_is_one_line_naming_the_subcommand(capsys, argv, prefix):
