@@ -328,7 +328,10 @@ def format_reports(reports: list[ProgramReport], answer_width: int = 48) -> str:
     lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[-1]])  # noqa: B905
              for row in rows]  # fmt: skip
     if any(report.server is not None for report in reports):
-        lines.append("WAIT: the server's waiting time for the program (engine steps by default)")
+        lines.append(
+            "WAIT: how long the program's calls waited in the engines' queues, in engine"
+            " steps (the router's process table; docs/glossary.md)"
+        )
     return "\n".join(line.rstrip() for line in lines)
 
 

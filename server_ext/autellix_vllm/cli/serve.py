@@ -430,8 +430,8 @@ def _ready_line(config: RouterConfig, models: list[str]) -> Callable[[str], str]
     def line(root_url: str) -> str:
         served = ", ".join(repr(m) for m in models) or "the engines' models"
         return (
-            f"router ready at {root_url}; model {served}; Ctrl-C stops everything."
-            " A client (Python):\n"
+            f"router ready at {root_url}; model {served}; Ctrl-C stops everything.\n"
+            "A client (Python):\n"
             "from autellix import OpenAI  # or AsyncOpenAI; openai's clients work too\n"
             f'client = OpenAI(base_url="{root_url}/v1", api_key="{key}")\n'
             f'print(client.chat.completions.create(model="{model}",'
