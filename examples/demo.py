@@ -23,8 +23,8 @@
 3. prints each example's average and p95 program latency under both, their
    ratio, the ratio of each pair of rounds, and whether the machine was too
    busy for the comparison to mean anything (another load on the cores slows
-   both schedulers' rounds unevenly: on a machine at load 2.5-6.7 the
-   comparison came out anywhere from 0.87x to 1.02x);
+   the two schedulers' runs unevenly: on a machine at load 2.5-6.7, one long
+   run each showed autellix behind, all 0.97x, MCTS 0.87x);
 4. stops every process it started: the agents, the routers and the engines,
    also on Ctrl-C, SIGTERM or an error.
 
