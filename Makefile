@@ -28,9 +28,10 @@ test: install
 	$(BIN)/python -m pytest -q
 
 # The demo: ReAct agents next to MCTS searches (examples/) on the real model, 4 seats,
-# under autellix then under stock vLLM's scheduling; the agents' steps and answers,
-# then each example's program latency under both; every process it starts is
-# stopped, also on Ctrl-C.
+# in rounds that alternate between autellix and stock vLLM's scheduling; the agents'
+# steps and answers, then each example's program latency under both and whether
+# the machine was quiet enough to tell; every process it starts is stopped, also
+# on Ctrl-C.
 demo: install
 	$(BIN)/python examples/demo.py
 

@@ -33,6 +33,7 @@ import autellix
 import openai
 from autellix import AsyncOpenAI
 from autellix._programs_api import programs_url
+from autellix_vllm.cli._arguments import HelpFormatter
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 # Context assumed when the server does not say (vLLM lists max_model_len per model).
@@ -62,32 +63,35 @@ def positive_int(text: str) -> int:
 
 
 def example_parser(description: str) -> OneLineArgumentParser:
-    """A parser with the endpoint flags every example takes."""
-    parser = OneLineArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    """A parser with the endpoint flags every example takes; help shows defaults
+    as the ``autellix`` commands do."""
+    parser = OneLineArgumentParser(description=description, formatter_class=HelpFormatter)
     endpoint = parser.add_argument_group("endpoint (any OpenAI-compatible server)")
+    # Not $OPENAI_BASE_URL or $OPENAI_API_KEY: a shell set up for a hosted API
+    # would send the agents' calls (or its key) there without a word.
     endpoint.add_argument(
         "--base-url",
-        default=os.environ.get("OPENAI_BASE_URL", DEFAULT_BASE_URL),
-        help="the server's /v1 URL (default: $OPENAI_BASE_URL, else %(default)s)",
+        default=DEFAULT_BASE_URL,
+        help="the server's /v1 URL (default: autellix serve's router on this machine, %(default)s)",
     )
     endpoint.add_argument("--model", help="model name (default: the first the server lists)")
     endpoint.add_argument(
         "--api-key",
-        default=os.environ.get("OPENAI_API_KEY") or os.environ.get("AUTELLIX_API_KEY") or "-",
-        help="API key (default: $OPENAI_API_KEY, else $AUTELLIX_API_KEY)",
+        default=os.environ.get("AUTELLIX_API_KEY") or "-",
+        help='API key, e.g. "$OPENAI_API_KEY" for OpenAI (default: $AUTELLIX_API_KEY, else none)',
     )
     parser.add_argument(
         "--start-every", type=float, default=0.0, metavar="SECONDS",
-        help="start the programs this far apart, in order (default 0: all at once)",
+        help="start the programs this far apart, in order (default: 0, all at once)",
     )  # fmt: skip
     parser.add_argument(
         "--seed", type=int,
         help="sample every reply with a seed derived from this and its prompt, so that"
         " a rerun makes the same calls (default: unseeded)",
     )  # fmt: skip
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the reports here")
+    parser.add_argument(
+        "--json", type=Path, metavar="FILE", help="also write the reports here (default: none)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return parser
 
@@ -324,7 +328,10 @@ def format_reports(reports: list[ProgramReport], answer_width: int = 48) -> str:
     lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row, widths)), row[-1]])  # noqa: B905
              for row in rows]  # fmt: skip
     if any(report.server is not None for report in reports):
-        lines.append("WAIT: the server's waiting time for the program (engine steps by default)")
+        lines.append(
+            "WAIT: how long the program's calls waited in the engines' queues, in engine"
+            " steps (the router's process table; docs/glossary.md)"
+        )
     return "\n".join(line.rstrip() for line in lines)
 
 

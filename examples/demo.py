@@ -5,24 +5,30 @@
     python examples/demo.py --no-compare                       # autellix only
     python examples/demo.py --upstream http://127.0.0.1:8001   # a running engine, router only
 
-1. starts two ``autellix serve`` at once on the real model (``--model``, default
-   smollm2), with the same flags and few seats (``--max-num-seqs``), so that
-   calls queue: one with the autellix scheduler, one with stock vLLM's
-   (``--scheduler vllm``); free loopback ports, engine logs in a temporary folder;
-2. runs the agent mix on the autellix one: MCTS searches (``mcts_agent.py``)
-   start at once, and short ReAct questions (``react_agent.py``) arrive one every
-   ``--react-every`` seconds from ``--react-after`` seconds on, while they
-   search. The agents' steps are printed as they happen, ``autellix ps``
-   every few seconds, then a table per example with each answer and how many
-   were right;
-3. runs the same mix again on the stock vLLM one (the same seeds, so the agents
-   make the same calls up to the engine's numerics);
-4. prints each example's average and p95 program latency under both, and
-   their ratio;
-5. stops every process it started: the agents, the routers and the engines,
+1. measures how busy the machine is (its load average, and how much of a core
+   a short compute loop gets), then starts two ``autellix serve`` at once on
+   the real model (``--model``, default smollm2), with the same flags and few
+   seats (``--max-num-seqs``), so that calls queue: one with the autellix
+   scheduler, one with stock vLLM's (``--scheduler vllm``); free loopback
+   ports, engine logs in a temporary folder;
+2. runs the agent mix in short rounds that alternate between the two, in the
+   order autellix, stock, stock, autellix, ... (``--rounds`` each), so that a
+   load that comes and goes falls on both alike. A round: MCTS searches
+   (``mcts_agent.py``) start at once, and short ReAct questions
+   (``react_agent.py``) arrive one every ``--react-every`` seconds from
+   ``--react-after`` seconds on, while they search; the same seeds every round,
+   so the agents make the same calls up to the engine's numerics. The first
+   round prints the agents' steps, ``autellix ps`` every few seconds and a
+   table per example; every round, how many answers were right;
+3. prints each example's average and p95 program latency under both, their
+   ratio, the ratio of each pair of rounds, and whether the machine was too
+   busy for the comparison to mean anything (another load on the cores slows
+   the two schedulers' runs unevenly: on a machine at load 2.5-6.7, one long
+   run each showed autellix behind, all 0.97x, MCTS 0.87x);
+4. stops every process it started: the agents, the routers and the engines,
    also on Ctrl-C, SIGTERM or an error.
 
-With ``--upstream`` it runs the mix once through a router over that engine
+With ``--upstream`` it runs the rounds through a router over that engine
 (whose scheduler it cannot change). Exit code 0 when every program finished
 (the temporary folder is then removed; otherwise its logs are kept and
 named), 130 after Ctrl-C.
@@ -47,6 +53,7 @@ from pathlib import Path
 from typing import IO
 
 from _common import OneLineArgumentParser, ProgramReport, format_reports, positive_int
+from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.engine.models import ModelNotInstalledError, resolve_model
 from autellix_vllm.stats import percentile
 
@@ -64,6 +71,10 @@ FIRST_PS_AFTER_S = 3.0  # by then every program has opened and made its first ca
 SCHEDULERS = {"autellix": "autellix", "vllm": "stock vLLM"}
 # The column of each example's report that says whether its answer was right.
 RIGHT_COLUMN = {"react_agent": "RIGHT", "mcts_agent": "SOLVED"}
+# A core gives a compute loop this share of its time or less: others' work is
+# taking the cores, and both schedulers' latencies measure it as much as them.
+BUSY_CORE_SHARE = 0.67
+PROBE_S = 0.2  # how long the compute loop of one busy-ness probe runs
 
 
 class ServeError(RuntimeError):
@@ -228,30 +239,66 @@ def chars_per_token(args: argparse.Namespace) -> list[str]:
     return ["--chars-per-token", "1"] if args.model == "tiny" else []
 
 
+@dataclass(frozen=True)
+class CpuSample:
+    """How busy the machine is: the 1-minute load average and the share of a core
+    a short compute loop got (its CPU time over its wall time; 1.0 on an idle core)."""
+
+    load: float
+    core_share: float
+
+    @classmethod
+    def take(cls) -> CpuSample:
+        wall, cpu = time.perf_counter(), time.process_time()
+        while time.process_time() - cpu < PROBE_S and time.perf_counter() - wall < 10 * PROBE_S:
+            sum(range(10_000))
+        share = (time.process_time() - cpu) / (time.perf_counter() - wall)
+        return cls(os.getloadavg()[0], min(1.0, share))
+
+
+def round_order(schedulers: list[str], rounds: int) -> list[str]:
+    """The schedulers' rounds, alternating and mirrored (A B B A A B ...), so that
+    neither always runs first or while the machine warms up."""
+    order: list[str] = []
+    for pair in range(rounds):
+        order += schedulers if pair % 2 == 0 else schedulers[::-1]
+    return order
+
+
 def run(args: argparse.Namespace) -> int:
-    """Start the serves, run the load on each, compare; always stop everything."""
+    """Start the serves, run the rounds on each in turn, compare; always stop everything."""
     started = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="autellix-demo-"))
+    before = CpuSample.take()
+    print(f"demo: {os.cpu_count()} cores, load average {before.load:.1f}, a core gives"
+          f" {before.core_share:.0%} of its time", flush=True)  # fmt: skip
     serves: dict[str, Serve] = {}
     examples: list[Example] = []
+    samples: list[CpuSample] = []
     code = 1
     try:
         serves = start_serves(args, folder)
         for serve in serves.values():
             serve.wait_ready(echo=sys.stdout)
         print(f"demo: ready after {time.monotonic() - started:.0f} s", flush=True)
-        runs: dict[str, list[Example]] = {}
-        for number, (scheduler, serve) in enumerate(serves.items(), start=1):
+        runs: dict[str, list[list[Example]]] = {scheduler: [] for scheduler in serves}
+        order = round_order(list(serves), args.rounds)
+        for number, scheduler in enumerate(order, start=1):
+            samples.append(CpuSample.take())  # between rounds: only others' work runs
             name = SCHEDULERS.get(scheduler, "the upstream engine's")
-            print(f"\n=== run {number} of {len(serves)}: {name} scheduling ===", flush=True)
-            runs[scheduler] = run_examples(
-                args, serve, folder / f"run-{scheduler}", examples, live=number == 1
-            )
-            if any(example.process.returncode != 0 for example in runs[scheduler]):
+            print(f"\n=== round {number} of {len(order)}: {name} scheduling ===", flush=True)
+            folder_of_round = folder / f"round-{number}-{scheduler}"
+            this_round = run_round(args, serves[scheduler], folder_of_round, examples, number == 1)
+            runs[scheduler].append(this_round)
+            if any(example.process.returncode != 0 for example in this_round):
                 break
-        code = 1 if any(e.process.returncode != 0 for r in runs.values() for e in r) else 0
+        finished = [round_ for rounds in runs.values() for round_ in rounds]
+        code = 1 if any(e.process.returncode != 0 for r in finished for e in r) else 0
+        if code == 0:
+            print(f"\n{format_answers(runs)}", flush=True)
         if code == 0 and len(runs) > 1:
             print(f"\n{format_comparison(runs)}", flush=True)
+            print(busy_verdict(before, samples), flush=True)
     except ServeError as error:
         print(f"demo: error: {error}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
@@ -273,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def run_examples(
+def run_round(
     args: argparse.Namespace, serve: Serve, folder: Path, examples: list[Example], live: bool
 ) -> list[Example]:
     """Run both examples at once (appended to ``examples`` as they start, so that the
@@ -281,10 +328,11 @@ def run_examples(
     ``--react-every`` seconds. ``live``: print their steps and ``autellix ps``
     meanwhile, and a table per example at the end."""
     folder.mkdir(parents=True)
-    print(f"demo: {args.mcts_programs} MCTS searches (width {args.width}, up to"
-          f" {args.iterations} expansions) start now; {args.react_agents} ReAct agents (up to"
-          f" {args.max_steps} steps) arrive one every {args.react_every:g} s from"
-          f" {args.react_after:g} s on", flush=True)  # fmt: skip
+    if live:
+        print(f"demo: a round: {args.mcts_programs} MCTS searches (width {args.width}, up to"
+              f" {args.iterations} expansions) start at once; {args.react_agents} ReAct agents"
+              f" (up to {args.max_steps} steps) arrive one every {args.react_every:g} s from"
+              f" {args.react_after:g} s on", flush=True)  # fmt: skip
     started = time.monotonic()
     base_url = serve.url + "/v1"
     seed = ["--seed", str(args.seed)]
@@ -293,38 +341,35 @@ def run_examples(
     mcts = Example.start("mcts_agent.py", folder, base_url, *mcts_options)
     react_options = ["--agents", str(args.react_agents), "--max-steps", str(args.max_steps),
                      "--start-every", str(args.react_every), *seed]  # fmt: skip
-    this_run = [mcts]
+    this_round = [mcts]
     examples.append(mcts)
     react_at = started + args.react_after
     next_ps = time.monotonic() + min(FIRST_PS_AFTER_S, args.ps_every)
-    while len(this_run) < 2 or any(example.process.poll() is None for example in this_run):
-        if len(this_run) < 2 and time.monotonic() >= react_at:
+    while len(this_round) < 2 or any(example.process.poll() is None for example in this_round):
+        if len(this_round) < 2 and time.monotonic() >= react_at:
             react = Example.start("react_agent.py", folder, base_url, *react_options)
-            this_run.append(react)
+            this_round.append(react)
             examples.append(react)
         if live:
-            for example in this_run:
+            for example in this_round:
                 example.show_progress()
             if time.monotonic() >= next_ps:
                 show_ps(serve.url)
                 next_ps = time.monotonic() + args.ps_every
         time.sleep(0.2)
-    reports = {example.name: example.read_reports() for example in this_run}
-    programs = sum(map(len, reports.values()))
+    reports = {example.name: example.read_reports() for example in this_round}
     if live:
-        for example in this_run:
+        for example in this_round:
             example.show_progress()
-    print(f"demo: {programs} programs finished in {time.monotonic() - started:.0f} s", flush=True)
-    if live:
-        for example in this_run:
             print(f"\n{example.name}:\n{format_reports(reports[example.name])}")
-    for example in this_run:
-        print(f"demo: {example.name}: {right_answers(example.name, reports[example.name])}")
-    for example in this_run:
+    answers = "; ".join(f"{name}: {right_answers(name, rows)}" for name, rows in reports.items())
+    print(f"demo: {sum(map(len, reports.values()))} programs finished in"
+          f" {time.monotonic() - started:.0f} s; {answers}", flush=True)  # fmt: skip
+    for example in this_round:
         if example.process.returncode != 0:
             print(f"\ndemo: {example.name} exited with code {example.process.returncode}:")
             print(example.log.read_text(errors="replace")[-3000:])
-    return this_run
+    return this_round
 
 
 def right_answers(example: str, reports: list[ProgramReport]) -> str:
@@ -332,15 +377,30 @@ def right_answers(example: str, reports: list[ProgramReport]) -> str:
     return f"{right} of {len(reports)} {'solved' if example == 'mcts_agent' else 'answered right'}"
 
 
-def format_comparison(runs: dict[str, list[Example]]) -> str:
+def reports_of(rounds: list[list[Example]]) -> dict[str, list[ProgramReport]]:
+    """Example name -> its programs' reports over ``rounds``, and ``all`` of them."""
+    by_example: dict[str, list[ProgramReport]] = {}
+    for examples in rounds:
+        for example in examples:
+            by_example.setdefault(example.name, []).extend(example.read_reports())
+    by_example["all"] = [report for rows in list(by_example.values()) for report in rows]
+    return by_example
+
+
+def format_answers(runs: dict[str, list[list[Example]]]) -> str:
+    """How many answers were right, per example, over every round of every scheduler."""
+    rounds = [round_ for rounds in runs.values() for round_ in rounds]
+    by_example = reports_of(rounds)
+    del by_example["all"]
+    counts = "; ".join(f"{name}: {right_answers(name, rows)}" for name, rows in by_example.items())
+    return f"demo: over all {len(rounds)} rounds: {counts}"
+
+
+def format_comparison(runs: dict[str, list[list[Example]]]) -> str:
     """Each example's program latency (wall seconds from its start to its answer)
-    under stock vLLM and under autellix, and stock over autellix (> 1: faster)."""
-    reports = {
-        scheduler: {example.name: example.read_reports() for example in examples}
-        for scheduler, examples in runs.items()
-    }
-    for by_example in reports.values():
-        by_example["all"] = [report for rows in list(by_example.values()) for report in rows]
+    under stock vLLM and under autellix, and stock over autellix (> 1: faster);
+    then the same ratio for each pair of rounds, to show how much it varies."""
+    reports = {scheduler: reports_of(rounds) for scheduler, rounds in runs.items()}
     header = ["EXAMPLE", "PROGRAMS", "CALLS stock/autellix", "stock vLLM avg / p95 s",
               "autellix avg / p95 s", "RATIO avg / p95"]  # fmt: skip
     rows = [header]
@@ -358,20 +418,54 @@ def format_comparison(runs: dict[str, list[Example]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]  # fmt: skip
-    return "demo: program latency, the same agents on the same engine settings:\n" + "\n".join(
-        lines
+    pairs = [
+        statistics.fmean(r.wall_seconds for r in reports_of([stock])["all"])
+        / statistics.fmean(r.wall_seconds for r in reports_of([ours])["all"])
+        for stock, ours in zip(runs["vllm"], runs["autellix"], strict=False)
+    ]
+    return (
+        "demo: program latency, the same agents on the same engine settings:\n"
+        + "\n".join(lines)
+        + "\ndemo: avg ratio of each pair of rounds: "
+        + ", ".join(f"{ratio:.2f}x" for ratio in pairs)
     )
+
+
+def busy_verdict(before: CpuSample, between_rounds: list[CpuSample]) -> str:
+    """Whether the machine was quiet enough for the comparison to mean something:
+    the share of a core a compute loop got before the engines started and
+    between rounds (when only others' work runs), and the load averages."""
+    shares = [before.core_share, *(sample.core_share for sample in between_rounds)]
+    loads = [sample.load for sample in between_rounds] or [before.load]
+    measured = (
+        f"a core gave {min(shares):.0%}-{max(shares):.0%} of its time to a compute loop"
+        f" between rounds; load average {min(loads):.1f}-{max(loads):.1f} on"
+        f" {os.cpu_count()} cores"
+    )
+    if statistics.median(shares) <= BUSY_CORE_SHARE:
+        return (
+            f"demo: the machine was too busy for this comparison to mean anything: {measured}."
+            " Other work took the cores from both schedulers' rounds unevenly; run it again"
+            " on a quieter machine"
+        )
+    return f"demo: the machine was quiet enough: {measured}"
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = OneLineArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", default="smollm2", help="smollm2, tiny or a model folder")
-    parser.add_argument("--engines", type=positive_int, help="vLLM engines per run (default 1)")
-    parser.add_argument("--max-num-seqs", type=positive_int, default=4, help="seats an engine")
-    parser.add_argument("--react-agents", type=positive_int, default=10)
-    parser.add_argument("--max-steps", type=positive_int, default=2, help="per ReAct agent")
+    parser.add_argument(
+        "--engines", type=positive_int, help="vLLM engines per scheduler (default: 1)"
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=positive_int, default=4, help="seats (calls at once) an engine"
+    )
+    parser.add_argument(
+        "--react-agents", type=positive_int, default=5, help="ReAct agents (programs) a round"
+    )
+    parser.add_argument(
+        "--max-steps", type=positive_int, default=2, help="tool steps per ReAct agent"
+    )
     parser.add_argument(
         "--react-every", type=float, default=2.0, help="seconds between ReAct arrivals"
     )
@@ -379,17 +473,24 @@ def parser() -> argparse.ArgumentParser:
         "--react-after", type=float, default=8.0,
         help="seconds from the searches' start to the first ReAct agent",
     )  # fmt: skip
-    parser.add_argument("--mcts-programs", type=positive_int, default=2)
+    parser.add_argument(
+        "--mcts-programs", type=positive_int, default=1, help="MCTS searches (programs) a round"
+    )
+    parser.add_argument(
+        "--rounds", type=positive_int, default=2, help="rounds of the mix per scheduler"
+    )
     parser.add_argument("--width", type=positive_int, default=6, help="MCTS children per step")
-    parser.add_argument("--iterations", type=positive_int, default=4, help="MCTS expansions")
+    parser.add_argument("--iterations", type=positive_int, default=6, help="MCTS expansions")
     parser.add_argument("--seed", type=int, default=0, help="the agents' sampling seed")
     parser.add_argument(
-        "--compare", action=argparse.BooleanOptionalAction, default=True,
-        help="also run the mix under stock vLLM and compare (default: yes)",
+        "--no-compare", dest="compare", action="store_false",
+        help="run the mix under autellix only, not also under stock vLLM",
     )  # fmt: skip
     parser.add_argument("--ps-every", type=float, default=10.0, help="seconds between ps")
     parser.add_argument(
-        "--upstream", metavar="URL", help="route over this running engine instead of starting one"
+        "--upstream",
+        metavar="URL",
+        help="route over this running engine instead of starting engines (default: none)",
     )
     return parser
 

@@ -4,11 +4,15 @@ The MCTS agent plays it one move at a time (:class:`State`, :meth:`State.apply`)
 and :func:`is_solution` checks a finished expression exactly: it must use the
 puzzle's numbers, each exactly once, and evaluate to 24 in exact fractions
 (``8 / (3 - 8 / 3)`` is 24; in floats it is 23.999999999999996).
+:func:`reachable` is the agent's solver tool: whether any moves still lead to
+24 (exhaustive; four numbers take about a millisecond).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -70,6 +74,24 @@ def combine(left: Fraction, operator: str, right: Fraction) -> Fraction | None:
     raise ValueError(f"unknown operator {operator!r}")
 
 
+def reachable(values: tuple[Fraction, ...] | list[Fraction]) -> bool:
+    """Whether some order of moves turns ``values`` into exactly 24."""
+    return _reachable(tuple(sorted(values)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _reachable(values: tuple[Fraction, ...]) -> bool:
+    if len(values) == 1:
+        return values[0] == TARGET
+    for i, j in itertools.permutations(range(len(values)), 2):
+        rest = [values[k] for k in range(len(values)) if k not in (i, j)]
+        for operator in OPERATORS:
+            result = combine(values[i], operator, values[j])
+            if result is not None and _reachable(tuple(sorted([*rest, result]))):
+                return True
+    return False
+
+
 def show(value: Fraction) -> str:
     """``8`` or ``8/3``: how numbers are shown to the model and in schemas."""
     return str(value)
@@ -109,6 +131,18 @@ class State:
             tuple(self.values[i] for i in rest) + (result,),
             tuple(self.expressions[i] for i in rest) + (expression,),
         )
+
+    def moves_to_target(self) -> list[tuple[int, str, int]]:
+        """The moves (positions and operator, as :meth:`apply` takes them) after
+        which 24 is still :func:`reachable`: the solver's advice."""
+        positions = range(len(self.values))
+        return [
+            (first, operator, second)
+            for first, second in itertools.permutations(positions, 2)
+            for operator in OPERATORS
+            if (child := self.apply(first, operator, second)) is not None
+            and reachable(child.values)
+        ]
 
     def key(self) -> tuple[Fraction, ...]:
         """States with the same numbers left are the same position."""

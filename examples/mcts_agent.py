@@ -20,6 +20,14 @@ iteration
 4. stops early when a child is a solution that the checker verified exactly
    (fractions, every number used once).
 
+The model has a solver tool (``game24.reachable``, exhaustive and exact): the
+proposal prompt lists up to four moves after which 24 is still reachable, each
+sibling's list starting at another move, and the value prompt says whether 24
+is still reachable. A 135M model cannot search the game on its own (it solved
+none of the puzzles); it can copy a listed move and the solver's verdict, and
+the search then solves most puzzles in three expansions. ``--no-solver`` leaves
+the tool out, for a model that can play.
+
 A proposal that is not a legal move is repaired where the intent is clear (the
 same number picked twice: the other copy or the next number; a division by
 zero: the operands swapped) and discarded otherwise, so the tree grows even
@@ -30,6 +38,7 @@ schedules these programs with ATLAS (by critical path).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import time
@@ -51,7 +60,7 @@ from _common import (
     text_field,
 )
 from autellix import program
-from game24 import OPERATORS, PUZZLES, TARGET, State, is_solution, show
+from game24 import OPERATORS, PUZZLES, TARGET, State, is_solution, reachable, show
 
 log = logging.getLogger("examples.mcts")
 
@@ -64,6 +73,7 @@ VALUE_REASONING_CHARS = 120  # as in Tree of Thoughts' value prompt: a few steps
 PROPOSE_TEMPERATURE = 1.0  # siblings should differ
 VALUE_TEMPERATURE = 0.0
 RULES = f"Game of {TARGET}: combine all the numbers with + - * / to make exactly {TARGET}."
+SOLVER_HINTS = 4  # moves the solver lists in a proposal prompt
 
 
 @dataclass(eq=False)
@@ -96,6 +106,13 @@ class Branch:
     calls: int
     seconds: float
     solution: str | None = None  # the checked expression, if the position is solved
+
+
+@dataclass
+class SearchSettings:
+    width: int
+    iterations: int
+    solver: bool = True  # the prompts carry the solver's advice
 
 
 def select(root: Node) -> Node | None:
@@ -171,16 +188,42 @@ def describe(state: State) -> str:
     )
 
 
+def solver_hint(state: State, sibling: int) -> str:
+    """The solver's advice for a proposal: up to :data:`SOLVER_HINTS` moves that keep
+    24 reachable, as the JSON the model replies with, the ``sibling``-th first (so
+    that siblings copy different moves)."""
+    moves = state.moves_to_target()
+    if not moves:
+        return f" Solver: {TARGET} cannot be reached from here."
+    start = sibling % len(moves)
+    listed = (moves[start:] + moves[:start])[:SOLVER_HINTS]
+    replies = [
+        json.dumps({"first": show(state.values[first]), "operator": operator,
+                    "second": show(state.values[second])}, separators=(",", ":"))
+        for first, operator, second in listed
+    ]  # fmt: skip
+    return f" Solver: moves that keep {TARGET} reachable: {' '.join(replies)}. Pick one."
+
+
+def solver_verdict(state: State) -> str:
+    if reachable(state.values):
+        return f" Solver: sure ({TARGET} is still reachable)."
+    return f" Solver: impossible ({TARGET} cannot be reached)."
+
+
 async def propose(
-    state: State, idea: str, endpoint: Endpoint, report: ProgramReport
+    state: State, sibling: int, endpoint: Endpoint, report: ProgramReport, settings: SearchSettings
 ) -> dict[str, object] | None:
-    """The model's move from ``state``; ``idea`` ("2 of 3") tells siblings apart, so
-    that parallel proposals from the same position differ."""
+    """The model's move from ``state``; ``sibling`` (0, 1, ...) tells siblings apart,
+    so that parallel proposals from the same position differ."""
+    idea = f"idea {sibling + 1} of {settings.width}"
+    hint = solver_hint(state, sibling) if settings.solver else ""
     messages = [
         {"role": "system", "content": RULES},
         {
             "role": "user",
-            "content": f"Numbers left: {describe(state)}. Pick two and an operator (idea {idea}).",
+            "content": f"Numbers left: {describe(state)}.{hint} Pick two numbers and an"
+            f" operator ({idea}).",
         },
     ]
     reply = await ask_json(
@@ -190,13 +233,18 @@ async def propose(
     return reply.data
 
 
-async def value(state: State, endpoint: Endpoint, report: ProgramReport) -> float:
+async def value(
+    state: State, endpoint: Endpoint, report: ProgramReport, settings: SearchSettings
+) -> float:
+    if settings.solver:
+        ask = f"{solver_verdict(state)} Answer sure, likely or impossible, as the solver says."
+    else:
+        ask = " Try a step or two, then answer sure, likely or impossible."
     messages = [
         {"role": "system", "content": RULES},
         {
             "role": "user",
-            "content": f"Numbers left: {state.describe()}. Can they still make {TARGET}?"
-            " Try a step or two, then answer sure, likely or impossible.",
+            "content": f"Numbers left: {state.describe()}. Can they still make {TARGET}?{ask}",
         },
     ]
     reply = await ask_json(
@@ -208,12 +256,17 @@ async def value(state: State, endpoint: Endpoint, report: ProgramReport) -> floa
 
 
 async def grow_branch(
-    state: State, puzzle: tuple[int, ...], idea: str, endpoint: Endpoint, report: ProgramReport
+    state: State,
+    puzzle: tuple[int, ...],
+    sibling: int,
+    endpoint: Endpoint,
+    report: ProgramReport,
+    settings: SearchSettings,
 ) -> Branch:
     """One child of ``state``: propose a move, then value the new position. Runs as
     one thread, so its calls are sequential (sibling threads overlap with it)."""
     start = time.perf_counter()
-    proposal = await propose(state, idea, endpoint, report)
+    proposal = await propose(state, sibling, endpoint, report, settings)
     with report.timing_tool():
         move = repair_move(state, proposal)
         child = state.apply(*move) if move is not None else None
@@ -222,7 +275,7 @@ async def grow_branch(
     first, operator, second = move
     text = f"{show(state.values[first])} {operator} {show(state.values[second])}"
     if not child.finished:
-        score = await value(child, endpoint, report)
+        score = await value(child, endpoint, report, settings)
         return Branch(child, text, score, calls=2, seconds=time.perf_counter() - start)
     with report.timing_tool():  # a finished position needs no model: check it exactly
         expression = child.final_expression()
@@ -230,12 +283,6 @@ async def grow_branch(
     score = 1.0 if solution else 0.0
     return Branch(child, text, score, calls=1, seconds=time.perf_counter() - start,
                   solution=solution)  # fmt: skip
-
-
-@dataclass
-class SearchSettings:
-    width: int
-    iterations: int
 
 
 @program(name="mcts")
@@ -253,9 +300,11 @@ async def mcts_agent(
         leaf = select(root)
         if leaf is None:
             break
-        ideas = [f"{i + 1} of {settings.width}" for i in range(settings.width)]
         branches = await autellix.gather(
-            *(grow_branch(leaf.state, numbers, idea, endpoint, report) for idea in ideas)
+            *(
+                grow_branch(leaf.state, numbers, sibling, endpoint, report, settings)
+                for sibling in range(settings.width)
+            )
         )
         threads += len(branches)
         leaf.expanded = True
@@ -300,7 +349,7 @@ def parse_puzzle(text: str) -> tuple[int, ...]:
 
 
 async def main(args: argparse.Namespace, endpoint: Endpoint) -> list[ProgramReport]:
-    settings = SearchSettings(width=args.width, iterations=args.iterations)
+    settings = SearchSettings(width=args.width, iterations=args.iterations, solver=args.solver)
     log.info("mcts: %d programs on %s at %s", args.programs, endpoint.model, args.base_url)
 
     async def run_one(index: int, report: ProgramReport) -> None:
@@ -322,6 +371,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--width", type=positive_int, default=3, help="children per expansion")
     parser.add_argument("--iterations", type=positive_int, default=6, help="expansions at most")
     parser.add_argument("--puzzle", help='numbers to combine, e.g. "4 7 8 8" (default: a list)')
+    parser.add_argument(
+        "--no-solver",
+        dest="solver",
+        action="store_false",
+        help="leave the solver's advice out of the prompts: the model plays on its own",
+    )
     return parser
 
 

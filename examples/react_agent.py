@@ -1,20 +1,27 @@
 """A ReAct agent (thought, action, observation) over offline tools, as autellix programs.
 
     python examples/react_agent.py                          # autellix serve on 127.0.0.1:8000
-    python examples/react_agent.py --agents 8 --max-steps 4
-    python examples/react_agent.py --base-url https://api.openai.com/v1 --model gpt-4o-mini
+    python examples/react_agent.py --agents 8 --questions all --max-steps 4
+    python examples/react_agent.py --base-url https://api.openai.com/v1 --model gpt-4o-mini \\
+        --api-key "$OPENAI_API_KEY"
 
 Each agent answers one question about the Saltmarrow Isles (a made-up place,
-so the model must use the tools; some questions take one lookup, others two
-facts and arithmetic). At every step the model replies with a JSON object
-``{"action", "input", "thought"}`` (structured output, so even the
-random-weight test model produces parseable steps; the first step cannot
-finish) and the agent runs the action:
+so the model must use the tools): by default one that a single sentence
+answers; ``--questions all`` adds those that take two facts and arithmetic. At
+every step the model replies with a JSON object ``{"action", "input",
+"thought"}`` and the agent runs the action:
 
-    search <words>        BM25 over the passages: the best three, title and first sentence
-    lookup <title>        the passage with that title
-    calculate <expr>      exact arithmetic (ast, no eval; sizes bounded)
-    finish <answer>       the answer
+    lookup <title>        the sentence of that passage that answers the question best
+    calculate <expr>      exact arithmetic on numbers the observations gave (ast, no eval)
+    finish <answer>       the answer: a number an observation gave, with the words after it
+
+The reply is structured output whose schema admits only inputs the action can
+use: a title among the passages the question's words point to (BM25), an
+expression of the numbers seen so far, an answer among those numbers. A
+model as small as the default 135M one then succeeds by copying, from the
+question into the lookup and from the observation into the answer, which is
+what it can do; a bigger model gets the same choices. The first step cannot
+finish (there is nothing to copy yet).
 
 A reply that cannot be used (cut off, not JSON, unknown action) is asked for
 again, at most ``--retries`` times; after that, or after ``--max-steps`` steps,
@@ -29,7 +36,8 @@ import argparse
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import autellix
 from _common import (
@@ -52,42 +60,38 @@ from knowledge_base import KnowledgeBase, Question, load_questions
 
 log = logging.getLogger("examples.react")
 
-ACTIONS = ("search", "lookup", "calculate", "finish")
+ACTIONS = ("lookup", "calculate", "finish")
+QUESTION_SETS = {
+    "lookup": "the questions one sentence answers",
+    "all": "also those that take two facts and arithmetic",
+}
 # Short fields keep calls fast on the CPU test model, which fills every field to
 # its limit; a real model writes far less than this.
 THOUGHT_CHARS = 40
-INPUT_CHARS = 40
 ANSWER_CHARS = 60
-# The action comes before the thought: a small model that thinks first tends to
-# make up an answer there and then search for it (a 135M model searched for years).
-STEP_SCHEMA = object_schema(
-    action=choice_field(ACTIONS), input=text_field(INPUT_CHARS), thought=text_field(THOUGHT_CHARS)
-)
-# The first step must consult a tool: small models otherwise answer from nothing.
-FIRST_STEP_SCHEMA = object_schema(
-    action=choice_field(a for a in ACTIONS if a != "finish"),
-    input=text_field(INPUT_CHARS),
-    thought=text_field(THOUGHT_CHARS),
-)
-FINAL_SCHEMA = object_schema(answer=text_field(ANSWER_CHARS))
+TITLES_OFFERED = 4  # lookup takes one of the passages that match the question best
+WORDS_AFTER_NUMBER = 2  # an answer is a number with the words that follow it ("611 metres")
+NUMBER = r"\d[\d,]*(?:\.\d+)?"
+ANSWER_OPTION = re.compile(NUMBER + rf"(?: [a-z]+){{0,{WORDS_AFTER_NUMBER}}}")
 SYSTEM_PROMPT = (
     "Answer the question about the Saltmarrow Isles with tools: you know nothing about"
-    " them yourself. Reply in JSON. Actions: search (words from the question), lookup (a"
-    " passage title), calculate (arithmetic), finish (the answer, as an observation gave it)."
+    " them yourself. Reply in JSON. Actions: lookup (the passage about the question's"
+    " subject), calculate (arithmetic on numbers the observations gave), finish (the"
+    " answer: a number an observation gave, with the words after it)."
 )
-# One worked question before the real one, as chat turns: without it a 135M model
-# searches for made-up years instead of the question's words.
+# One worked question before the real one, as chat turns: a 135M model copies
+# its shape (look the subject up, then finish with the number it was given).
 EXAMPLE_TURNS = [
     {"role": "user", "content": "Question: How long is the ferry Marram Queen?"},
-    {"role": "assistant", "content": '{"thought":"Search the ship.","action":"search",'
-                                     '"input":"ferry Marram Queen long"}'},
-    {"role": "user", "content": "Observation: Marram Queen: The Marram Queen is 74 metres"
-                                " long. | Cold Sound: The Cold Sound is a strait."},
-    {"role": "assistant", "content": '{"thought":"It is 74 metres.","action":"finish",'
-                                     '"input":"74 metres"}'},
+    {"role": "assistant", "content": '{"action":"lookup","input":"Marram Queen",'
+                                     '"thought":"Look the ship up."}'},
+    {"role": "user", "content": "Observation: Marram Queen: She was launched in 1967, is 74"
+                                " metres long and carries up to 310 passengers."},
+    {"role": "assistant", "content": '{"action":"finish","input":"74 metres long",'
+                                     '"thought":"It says 74 metres."}'},
 ]  # fmt: skip
-STEP_MAX_TOKENS = 192
-FINAL_MAX_TOKENS = 96
+STEP_MAX_TOKENS = 96
+FINAL_MAX_TOKENS = 48
 TEMPERATURE = 0.3
 OBSERVATION_CHARS = 400
 MIN_OBSERVATION_CHARS = 40  # a step whose observation gets less room is left out
@@ -103,38 +107,83 @@ class Step:
     observation: str = ""
 
 
+@dataclass
 class Toolbox:
-    """The agent's actions other than finish: text in, text out, never raising."""
+    """The agent's actions other than finish, for one question: text in, text out,
+    never raising."""
 
-    def __init__(self, knowledge: KnowledgeBase) -> None:
-        self.knowledge = knowledge
+    knowledge: KnowledgeBase
+    question: str
+    titles: list[str] = field(init=False)  # what lookup offers: the best matches first
+
+    def __post_init__(self) -> None:
+        self.titles = self.knowledge.titles_for(self.question, TITLES_OFFERED) or [
+            passage.title for passage in self.knowledge.passages
+        ]
 
     def run(self, action: str, argument: str) -> str:
-        if action == "search":
-            return self.search(argument)
         if action == "lookup":
             return self.lookup(argument)
         if action == "calculate":
-            return calculate(argument)
+            return calculate(argument.replace(",", ""))
         return f"error: unknown action {action!r}"
-
-    def search(self, query: str) -> str:
-        hits = self.knowledge.search(query, k=3)
-        if not hits:
-            return "no passage matches; try other words"
-        return " | ".join(f"{hit.title}: {first_sentence(hit.text)}" for hit in hits)
 
     def lookup(self, title: str) -> str:
         passage = self.knowledge.lookup(title)
         if passage is not None:
-            return passage.text
+            return f"{passage.title}: {self.knowledge.best_sentence(passage, self.question)}"
         similar = self.knowledge.similar_titles(title)
-        hint = f"; similar titles: {', '.join(similar)}" if similar else "; search first"
+        hint = f"; similar titles: {', '.join(similar)}" if similar else ""
         return f"no passage titled {title.strip()!r}{hint}"
 
 
-def first_sentence(text: str) -> str:
-    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+def answer_options(steps: list[Step]) -> list[str]:
+    """What finish may answer: each number the observations gave, with the words
+    that follow it (``611 metres above``), in order, without repeats."""
+    found = (m.group(0) for step in steps for m in ANSWER_OPTION.finditer(step.observation))
+    return list(dict.fromkeys(option.rstrip(",.") for option in found))
+
+
+def numbers_seen(steps: list[Step]) -> list[str]:
+    """The numbers the observations gave, commas dropped (``21,400`` is 21400)."""
+    found = (
+        n.rstrip(",.").replace(",", "") for s in steps for n in re.findall(NUMBER, s.observation)
+    )
+    return list(dict.fromkeys(found))
+
+
+def step_schema(titles: list[str], steps: list[Step]) -> dict[str, Any]:
+    """The replies a step may give: one object per action, each with the inputs
+    that action can use (calculate and finish once an observation gave numbers)."""
+
+    def action(name: str, argument: dict[str, Any]) -> dict[str, Any]:
+        return object_schema(
+            action=choice_field([name]), input=argument, thought=text_field(THOUGHT_CHARS)
+        )
+
+    branches = [action("lookup", choice_field(titles))]
+    numbers = numbers_seen(steps)
+    if numbers:
+        number = "(" + "|".join(re.escape(n) for n in numbers) + ")"
+        expression = {"type": "string", "pattern": f"^{number}( [-+*/] {number}){{1,3}}$"}
+        branches += [
+            action("calculate", expression),
+            action("finish", choice_field(answer_options(steps))),
+        ]
+    return {"anyOf": branches}
+
+
+def answer_of(option: str) -> str:
+    """The number an answer option starts with (``611`` of ``611 metres above``);
+    any other text as it is."""
+    found = re.match(NUMBER, option)
+    return found.group(0).rstrip(",.") if found else option
+
+
+def final_schema(steps: list[Step]) -> dict[str, Any]:
+    """The final answer: one of :func:`answer_options`, or any short text if none."""
+    options = answer_options(steps)
+    return object_schema(answer=choice_field(options) if options else text_field(ANSWER_CHARS))
 
 
 def parse_step(data: dict[str, object] | None) -> Step | None:
@@ -150,18 +199,24 @@ def parse_step(data: dict[str, object] | None) -> Step | None:
 def build_messages(
     question: str, steps: list[Step], budget_chars: int, closing: str | None = None
 ) -> list[dict[str, str]]:
-    """The prompt: instructions, the question, and as many of the latest steps as
-    fit in ``budget_chars`` (each step: the model's JSON, then the observation).
-    Older steps are dropped first; the newest observation is cut if needed."""
-    head = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"Question: {question}"},
-    ]
+    """The prompt: instructions, the worked example, the question, and as many of
+    the latest steps as fit in ``budget_chars`` (each step: the model's JSON, then
+    the observation). Older steps are dropped first; the newest observation is
+    cut if needed; the example goes before any step does."""
+    question_turn = {"role": "user", "content": f"Question: {question}"}
+    system = {"role": "system", "content": SYSTEM_PROMPT}
     tail = [{"role": "user", "content": closing}] if closing else []
-    room = budget_chars - sum(len(m["content"]) + TEMPLATE_CHARS for m in head + tail)
+
+    def size(messages: list[dict[str, str]]) -> int:
+        return sum(len(m["content"]) + TEMPLATE_CHARS for m in messages)
+
+    head = [system, *EXAMPLE_TURNS, question_turn]
+    if size(head + tail) > budget_chars:
+        head = [system, question_turn]
+    room = budget_chars - size(head + tail)
     history: list[dict[str, str]] = []
     for step in reversed(steps):
-        said = json.dumps({"thought": step.thought, "action": step.action, "input": step.argument})
+        said = json.dumps({"action": step.action, "input": step.argument, "thought": step.thought})
         room -= len(said) + 2 * TEMPLATE_CHARS
         if room < MIN_OBSERVATION_CHARS:
             break
@@ -188,12 +243,12 @@ def prompt_budget(endpoint: Endpoint, max_tokens: int) -> int:
 
 
 async def next_step(
-    question: str, steps: list[Step], endpoint: Endpoint, report: ProgramReport, settings: Settings
+    tools: Toolbox, steps: list[Step], endpoint: Endpoint, report: ProgramReport, settings: Settings
 ) -> Step | None:
     """The model's next step; None when ``1 + retries`` replies were all unusable."""
-    messages = build_messages(question, steps, prompt_budget(endpoint, STEP_MAX_TOKENS))
+    messages = build_messages(tools.question, steps, prompt_budget(endpoint, STEP_MAX_TOKENS))
+    schema = step_schema(tools.titles, steps)
     for attempt in range(1 + settings.retries):
-        schema = STEP_SCHEMA if steps else FIRST_STEP_SCHEMA
         reply = await ask_json(
             endpoint, report, messages, schema, schema_name="react_step",
             max_tokens=STEP_MAX_TOKENS, temperature=TEMPERATURE, attempt=attempt,
@@ -213,11 +268,13 @@ async def final_answer(
     closing = "Reply with your final answer now, taken from the observations above."
     messages = build_messages(question, steps, prompt_budget(endpoint, FINAL_MAX_TOKENS), closing)
     reply = await ask_json(
-        endpoint, report, messages, FINAL_SCHEMA,
+        endpoint, report, messages, final_schema(steps),
         schema_name="final_answer", max_tokens=FINAL_MAX_TOKENS, temperature=TEMPERATURE,
     )  # fmt: skip
     answer = (reply.data or {}).get("answer")
-    return str(answer).strip() if answer is not None else "(no answer: unusable model output)"
+    if answer is None:
+        return "(no answer: unusable model output)"
+    return answer_of(str(answer).strip())
 
 
 @program(name="react")
@@ -233,11 +290,11 @@ async def react_agent(
     steps: list[Step] = []
     answer: str | None = None
     while len(steps) < settings.max_steps:
-        step = await next_step(question.question, steps, endpoint, report, settings)
+        step = await next_step(tools, steps, endpoint, report, settings)
         if step is None:
             break
         if step.action == "finish":
-            answer = step.argument
+            answer = answer_of(step.argument)
             break
         with report.timing_tool():
             step.observation = tools.run(step.action, step.argument)
@@ -265,13 +322,14 @@ def mentions_number(text: str, expected: str, tolerance: float = 0.05) -> bool:
 
 
 async def main(args: argparse.Namespace, endpoint: Endpoint) -> list[ProgramReport]:
-    questions = load_questions()
-    tools = Toolbox(KnowledgeBase.load())
+    questions = [q for q in load_questions() if args.questions == "all" or q.facts == 1]
+    knowledge = KnowledgeBase.load()
     settings = Settings(max_steps=args.max_steps, retries=args.retries)
     log.info("react: %d agents on %s at %s", args.agents, endpoint.model, args.base_url)
 
     async def run_one(index: int, report: ProgramReport) -> None:
         question = questions[index % len(questions)]
+        tools = Toolbox(knowledge, question.question)
         await react_agent(question, endpoint, tools, report, settings)
         log.info("react: %s finished after %d calls: %s", report.label, report.calls, report.answer)
 
@@ -288,6 +346,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--agents", type=positive_int, default=1, help="agents (programs) at once")
     parser.add_argument("--max-steps", type=positive_int, default=6, help="actions per agent")
     parser.add_argument("--retries", type=int, default=1, help="new tries after an unusable reply")
+    parser.add_argument(
+        "--questions",
+        choices=list(QUESTION_SETS),
+        default="lookup",
+        help="; ".join(f"{name}: {meaning}" for name, meaning in QUESTION_SETS.items()),
+    )
     return parser
 
 

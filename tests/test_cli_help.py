@@ -5,6 +5,7 @@ names the command it was made in."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 from autellix_vllm.cli import build_parser, main
@@ -45,6 +46,36 @@ def test_every_flag_has_help_that_shows_its_default(command, parser):
             assert "(default" in shown or "default:" in shown, (command, action.option_strings)
 
 
+def defaults_shown(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Option -> the defaults its help shows, ``(default...)`` as printed."""
+    formatter = parser._get_formatter()
+    return {
+        action.option_strings[-1]: " ".join(re.findall(r"\(default[^)]*\)", expanded))
+        for action in parser._actions
+        if action.option_strings
+        for expanded in [formatter._expand_help(action) if action.help else ""]
+    }
+
+
+@pytest.mark.parametrize(("command", "parser"), COMMANDS, ids=[name for name, _ in COMMANDS])
+def test_defaults_read_one_way_and_a_switch_shows_none(command, parser):
+    switches = {a.option_strings[-1] for a in parser._actions if a.nargs == 0}
+    for option, shown in defaults_shown(parser).items():
+        if option in switches:  # --no-program-end once read "(default: True)"
+            assert "True" not in shown and "False" not in shown, (command, option, shown)
+        elif shown:
+            assert shown.startswith("(default: "), (command, option, shown)
+
+
+def test_a_negative_switch_says_what_giving_it_does():
+    simulate_run = dict(COMMANDS)["simulate run"]
+    help_text = dict(
+        (a.option_strings[-1], a.help) for a in simulate_run._actions if a.option_strings
+    )["--no-program-end"]
+    assert help_text.startswith("clients never end their programs")
+    assert defaults_shown(simulate_run)["--no-program-end"] == ""
+
+
 @pytest.mark.parametrize(
     ("argv", "prefix"),
     [
@@ -52,6 +83,8 @@ def test_every_flag_has_help_that_shows_its_default(command, parser):
         (["simulate", "run", "--trace", "/no/such/trace.jsonl"], "autellix simulate run: error:"),
         (["bench", "scheduler", "--steps", "0"], "autellix bench scheduler: error:"),
         (["ps", "--url", "localhost:8000"], "autellix ps: error:"),
+        (["engine", "--model", "tiny", "--kv-offload-gib", "8"], "autellix engine: error:"),
+        (["serve", "--device", "cpu", "--kv-offload-gib", "8"], "autellix serve: error:"),
     ],
 )
 def test_a_mistake_is_one_line_naming_the_subcommand(capsys, argv, prefix):

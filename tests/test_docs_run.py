@@ -136,6 +136,12 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix engine --model /models/llama-3.1-8b -- --max-num-batched-tokens 4096": (PARSE, _GPU),
     ".venv/bin/python -m pytest tests/engine -q": (PARSE, "test suites of their own"),
     '.venv/bin/python -m pytest tests/engine -q -m "not engine"': (PARSE, "a test suite"),
+    # docs/gpu.md
+    'python3 -m venv .venv && .venv/bin/pip install -e ".[gpu,dev]"': (
+        PARSE, "installs vLLM's GPU build, for a CUDA machine (test_gpu_extra.py resolves it)"),
+    "autellix serve --model /models/llama-3.1-8b-instruct": (PARSE, _GPU),
+    "autellix serve --model /models/llama-3.1-8b-instruct --engines 8 --kv-offload-gib 64": (
+        PARSE, _GPU),
     # docs/operations.md
     "autellix serve --engines 2": (PARSE, _ENGINE),
     "autellix serve --model /models/llama-8b": (PARSE, _GPU),
@@ -215,6 +221,8 @@ def _python_parses(arguments: list[str], heredoc: str | None) -> None:
     elif arguments[:2] == ["-m", "pytest"]:
         paths = [a for a in arguments[2:] if a.startswith("tests")]
         assert paths and all((ROOT / path).exists() for path in paths), paths
+    elif arguments[0] == "-m":
+        assert importlib.util.find_spec(arguments[1]) is not None, arguments[1]
     else:
         _example_parses(Path(arguments[0]), arguments[1:])
 

@@ -63,6 +63,51 @@ def test_gpu_with_an_explicit_model_uses_the_async_scheduler_and_no_cpu_settings
     assert env["HF_HUB_OFFLINE"] == "1"
 
 
+def test_a_cpu_engine_gets_the_cpu_defaults_and_a_gpu_engine_vllms_own(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cpu = EngineConfig(device="cpu")
+    cmd = launcher.server_command(cpu, TINY, 1)
+    assert flag(cmd, "--max-model-len") == str(launcher.CPU_MAX_MODEL_LEN) == "1024"
+    assert flag(cmd, "--max-num-seqs") == str(launcher.CPU_MAX_NUM_SEQS) == "16"
+    assert launcher.server_environment(cpu)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    # An 8B model on an H200 must not get a 1,024-token context and 16 seats.
+    gpu = launcher.server_command(EngineConfig(model="/models/llama", device="gpu"), PLAIN, 1)
+    for vllm_default in ("--max-model-len", "--max-num-seqs", "--kv-cache-memory-bytes",
+                         "--kv-offloading-size", "--enforce-eager"):  # fmt: skip
+        assert vllm_default not in gpu
+
+
+def test_a_gpu_engine_passes_what_was_set_and_the_host_kv_tier():
+    config = EngineConfig(
+        model="/models/llama", device="gpu", max_model_len=32768, max_num_seqs=512,
+        kv_cache_gib=60, kv_offload_gib=200,
+    )  # fmt: skip
+    cmd = launcher.server_command(config, PLAIN, 1)
+    assert flag(cmd, "--max-model-len") == "32768"
+    assert flag(cmd, "--max-num-seqs") == "512"
+    assert flag(cmd, "--kv-cache-memory-bytes") == str(60 * 2**30)
+    assert flag(cmd, "--kv-offloading-size") == "200"
+    assert flag(cmd, "--kv-offloading-backend") == "native"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in launcher.server_environment(config)
+
+
+def test_a_host_kv_tier_needs_a_gpu_engine():
+    with pytest.raises(ValueError, match="kv-offload-gib"):
+        launcher.server_command(EngineConfig(device="cpu", kv_offload_gib=8), TINY, 1)
+
+
+def test_auto_warns_when_a_gpu_is_here_but_the_cpu_build_is_installed(monkeypatch):
+    monkeypatch.setattr(launcher, "vllm_gpu_build", lambda: False)
+    monkeypatch.setattr(launcher, "nvidia_gpus", lambda: ["GPU 0: NVIDIA H200 (UUID: x)"])
+    config = EngineConfig(model="smollm2")
+    assert config.resolved_device() == "cpu"
+    assert "CPU build" in launcher.device_warning(config)
+    assert launcher.device_warning(EngineConfig(model="tiny")) is None  # always the CPU
+    assert launcher.device_warning(EngineConfig(model="smollm2", device="cpu")) is None
+    monkeypatch.setattr(launcher, "nvidia_gpus", lambda: [])
+    assert launcher.device_warning(config) is None  # no GPU: nothing to say
+
+
 def test_auto_device_is_cpu_for_the_tiny_model(monkeypatch):
     monkeypatch.setattr(launcher, "gpu_available", lambda: True)
     assert EngineConfig().resolved_device() == "cpu"

@@ -202,3 +202,31 @@ def test_middleware_classes_are_added_without_arguments():
 
     source = inspect.getsource(register.init_entrypoints_middleware)
     assert "app.add_middleware(imported)" in source
+
+
+def test_vllms_own_server_parser_takes_the_gpu_engines_command():
+    """The GPU path cannot run here; vLLM's parser (the same in both builds) checks
+    its flags: what the launcher leaves out stays vLLM's default (None: derived
+    from the model and the device), and the host KV tier arrives as set."""
+    from autellix_vllm.engine.launcher import EngineConfig, server_command
+    from autellix_vllm.engine.models import ModelSpec
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    def engine_args(config: EngineConfig) -> AsyncEngineArgs:
+        command = server_command(config, ModelSpec("/models/llama", "llama"), 8000)
+        assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+        parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(command[3:])
+        return AsyncEngineArgs.from_cli_args(parsed)
+
+    plain = engine_args(EngineConfig(model="/models/llama", device="gpu"))
+    assert plain.max_model_len is None and plain.max_num_seqs is None
+    assert plain.kv_cache_memory_bytes is None and plain.kv_offloading_size is None
+    assert not plain.enforce_eager
+    assert plain.scheduler_cls == "autellix_vllm.engine.scheduler.AutellixAsyncScheduler"
+    tiered = engine_args(
+        EngineConfig(model="/models/llama", device="gpu", kv_cache_gib=60, kv_offload_gib=200)
+    )
+    assert tiered.kv_offloading_size == 200 and tiered.kv_offloading_backend == "native"
+    assert tiered.kv_cache_memory_bytes == 60 * 2**30

@@ -13,11 +13,19 @@ import mcts_agent
 import pytest
 import react_agent
 from _common import ProgramReport, connect, format_reports, parse_json_object, write_reports
-from game24 import OPERATORS, combine, is_solution, show
+from game24 import OPERATORS, combine, is_solution, reachable, show
 from knowledge_base import KnowledgeBase
-from react_agent import Step, Toolbox, build_messages, mentions_number, parse_step
+from react_agent import (
+    Step,
+    Toolbox,
+    answer_of,
+    answer_options,
+    build_messages,
+    mentions_number,
+    parse_step,
+    step_schema,
+)
 from scripted_server import as_json, schema_name, schema_of, scripted_server
-from test_game24 import solvable_values
 
 
 async def run_example(module, base_url: str, *options: str) -> list[ProgramReport]:
@@ -33,14 +41,14 @@ def last_message(body: dict) -> str:
 
 
 def researcher(body: dict) -> str:
-    """A model that answers question 0 (Port Ellery to the Moot: 88 years) with the
-    tools, the way ReAct intends."""
+    """A model that answers the first of all questions (Port Ellery to the Moot: 88
+    years) with the tools, the way ReAct intends."""
     said = last_message(body)
     if schema_name(body) == "final_answer":
         return as_json({"answer": "88"})
     if said.startswith("Question:"):
-        step = ("search", "Port Ellery founded")
-    elif "founded in 1614" in said:  # the search's first hit says so
+        step = ("lookup", "Port Ellery")
+    elif "founded in 1614" in said:  # the sentence of Port Ellery's passage that matches
         step = ("lookup", "the moot")
     elif "first sat in 1702" in said:
         step = ("calculate", "1702 - 1614")
@@ -53,18 +61,19 @@ def researcher(body: dict) -> str:
 
 async def test_react_agent_uses_the_tools_and_answers():
     async with scripted_server(researcher) as server:
-        [report] = await run_example(react_agent, server.base_url, "--agents", "1")
+        [report] = await run_example(react_agent, server.base_url, "--questions", "all")
     assert report.error is None
-    assert report.answer == "88 years"
-    assert report.columns == {"STEPS": "3", "RIGHT": "yes"}  # search, lookup, calculate
+    assert report.answer == "88"  # the number of the option "88 years"
+    assert report.columns == {"STEPS": "3", "RIGHT": "yes"}  # lookup, lookup, calculate
     assert report.calls == 4 and report.threads == 1
     assert report.server is None  # a plain server: no process table, and no crash
     assert report.program_id is not None and report.program_id.startswith("local-")
-    # Every step was asked for with the JSON schema, and the observations came back.
-    assert all(schema_of(body)["required"] == ["action", "input", "thought"]
-               for body in server.requests)  # fmt: skip
-    actions = [schema_of(body)["properties"]["action"]["enum"] for body in server.requests]
-    assert "finish" not in actions[0] and all("finish" in later for later in actions[1:])
+    # Every step was asked for with a JSON schema of one object per action it allows,
+    # and the observations came back.
+    branches = [schema_of(body)["anyOf"] for body in server.requests]
+    assert all(b["required"] == ["action", "input", "thought"] for bs in branches for b in bs)
+    actions = [[b["properties"]["action"]["enum"][0] for b in bs] for bs in branches]
+    assert actions[0] == ["lookup"] and actions[-1] == ["lookup", "calculate", "finish"]
     assert "first sat in 1702" in server.prompts()[-1]
     assert "WAIT" in format_reports([report]) and " - " in format_reports([report])
 
@@ -103,8 +112,8 @@ async def test_react_agents_run_as_separate_programs():
 
 
 def test_steps_are_parsed_leniently():
-    assert parse_step({"thought": "t", "action": " Search ", "input": "x "}) == Step(
-        "t", "search", "x"
+    assert parse_step({"thought": "t", "action": " Lookup ", "input": "x "}) == Step(
+        "t", "lookup", "x"
     )
     assert parse_step({"action": "calculate", "input": 12}) == Step("", "calculate", "12")
     assert parse_step({"action": "fly"}) is None
@@ -115,21 +124,39 @@ def test_steps_are_parsed_leniently():
 
 
 def test_tools_answer_in_text_and_never_raise():
-    tools = Toolbox(KnowledgeBase.load())
-    assert tools.run("search", "Skerry Light automated").startswith("Skerry Light:")
-    assert "1832" in tools.run("lookup", "Skerry Light")
+    tools = Toolbox(KnowledgeBase.load(), "In which year was the Skerry Light built?")
+    assert tools.titles[0] == "Skerry Light"
+    assert tools.run("lookup", "Skerry Light") == (
+        "Skerry Light: The Skerry Light is a lighthouse on Outer Skerry, built in 1832."
+    )
     assert "similar titles: Skerry Light" in tools.run("lookup", "Skery Light")
     assert tools.run("calculate", "1987 - 1832") == "155"
+    assert tools.run("calculate", "21,400 / 2") == "10700"
     assert tools.run("calculate", "__import__('os')").startswith("error:")
     assert tools.run("calculate", "9**9**9").startswith("error:")
-    assert tools.run("search", "").startswith("no passage")
+    assert tools.run("lookup", "").startswith("no passage")
     assert tools.run("dance", "x").startswith("error:")
 
 
+def test_a_step_offers_only_inputs_its_action_can_use():
+    tools = Toolbox(KnowledgeBase.load(), "How many inhabitants does Kestrel Island have?")
+    [lookup] = step_schema(tools.titles, [])["anyOf"]  # nothing seen yet: no finish
+    assert "Kestrel Island" in lookup["properties"]["input"]["enum"]
+    seen = [Step("", "lookup", "Kestrel Island", tools.run("lookup", "Kestrel Island"))]
+    by_action = {
+        b["properties"]["action"]["enum"][0]: b for b in step_schema(tools.titles, seen)["anyOf"]
+    }
+    assert by_action["finish"]["properties"]["input"]["enum"] == answer_options(seen)
+    assert "86 inhabitants" in answer_options(seen)
+    assert re.fullmatch(by_action["calculate"]["properties"]["input"]["pattern"], "86 * 3.1")
+    assert not re.fullmatch(by_action["calculate"]["properties"]["input"]["pattern"], "87 * 2")
+    assert answer_of("86 inhabitants") == "86" and answer_of("none") == "none"
+
+
 def test_prompt_keeps_the_newest_steps_that_fit_the_budget():
-    steps = [Step(f"thought {i}", "search", f"query {i}", "observation " * 30) for i in range(6)]
+    steps = [Step(f"thought {i}", "lookup", f"query {i}", "observation " * 30) for i in range(6)]
     roomy = build_messages("Q?", steps, budget_chars=100_000)
-    assert len(roomy) == 2 + 2 * 6
+    assert len(roomy) == 2 + len(react_agent.EXAMPLE_TURNS) + 2 * 6
     tight = build_messages("Q?", steps, budget_chars=900)
     assert 2 < len(tight) < len(roomy)
     assert "query 5" in tight[-2]["content"]  # the newest step is kept
@@ -168,7 +195,7 @@ def solver(body: dict) -> str:
             for operator in OPERATORS:
                 result = combine(first, operator, second) if i != j else None
                 rest = [v for k, v in enumerate(values) if k not in (i, j)]
-                if result is not None and solvable_values([*rest, result]):
+                if result is not None and reachable([*rest, result]):
                     return as_json({"first": show(first), "operator": operator,
                                     "second": show(second)})  # fmt: skip
     return as_json({"first": "0", "operator": "+", "second": "0"})
@@ -239,3 +266,16 @@ def test_reports_serialise_to_json(tmp_path):
     [row] = json.loads((tmp_path / "r.json").read_text())
     assert ProgramReport(**row) == report
     assert "4" in format_reports([report]).splitlines()[1].split()
+
+
+async def test_mcts_prompts_carry_the_solvers_advice_unless_told_not_to():
+    async with scripted_server(solver) as server:
+        await run_example(mcts_agent, server.base_url, "--puzzle", "3 3 8 8", "--width", "2")
+    proposals = [last_message(b) for b in server.requests if schema_name(b) == "move"]
+    values = [last_message(b) for b in server.requests if schema_name(b) == "value"]
+    # From 3 3 8 8 the only move that keeps 24 reachable is 8 / 3.
+    assert '{"first":"8","operator":"/","second":"3"}' in proposals[0]
+    assert all("Solver: sure" in prompt for prompt in values)  # the solver model keeps it so
+    async with scripted_server(solver) as server:
+        await run_example(mcts_agent, server.base_url, "--puzzle", "3 3 8 8", "--no-solver")
+    assert not any("Solver" in last_message(body) for body in server.requests)

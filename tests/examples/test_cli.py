@@ -75,3 +75,31 @@ async def test_a_run_prints_the_table_and_writes_the_reports(tmp_path):
     assert all(line.split()[-1] == "88" for line in lines[1:])
     assert [row["answer"] for row in json.loads(reports.read_text())] == ["88", "88"]
     assert "react-1 finished" in stderr.decode()  # progress, unless --quiet
+
+
+@pytest.mark.parametrize("script", ["react_agent", "mcts_agent", "demo"])
+def test_every_flag_of_an_example_shows_its_default_as_the_commands_do(script):
+    import importlib
+
+    parser = importlib.import_module(script).parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        shown = formatter._expand_help(action) if action.help else ""
+        assert shown, (script, action.option_strings)
+        if action.nargs == 0:  # a switch says what giving it does
+            assert "(default" not in shown, (script, action.option_strings, shown)
+        else:
+            assert "(default: " in shown, (script, action.option_strings, shown)
+
+
+def test_the_examples_ignore_a_shell_set_up_for_a_hosted_api(monkeypatch):
+    import react_agent
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://api.example.com/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-hosted")
+    monkeypatch.delenv("AUTELLIX_API_KEY", raising=False)
+    args = react_agent.parser().parse_args([])
+    assert args.base_url == "http://127.0.0.1:8000/v1"
+    assert args.api_key == "-"

@@ -124,24 +124,28 @@ def router_url_in(output: str) -> str:
 
 def test_the_demo_compares_stock_vllm_with_autellix_and_stops_everything():
     demo = start_demo("--model", "tiny", "--ps-every", "0.5", "--max-steps", "3",
-                      "--iterations", "2")  # fmt: skip
+                      "--iterations", "2", "--rounds", "1")  # fmt: skip
     try:
         output, _ = demo.communicate(timeout=900)
     finally:
         demo.kill()
     assert demo.returncode == 0, output
     assert output.count("router ready at") == 2  # one serve per scheduler, started at once
-    run_1, run_2 = output.split("=== run 1 of 2: autellix scheduling ===")[1].split(
-        "=== run 2 of 2: stock vLLM scheduling ==="
+    round_1, round_2 = output.split("=== round 1 of 2: autellix scheduling ===")[1].split(
+        "=== round 2 of 2: stock vLLM scheduling ==="
     )
-    # The first run shows the agents' steps, ps and the tables; the second only counts.
-    assert "--- autellix ps" in run_1 and "react-2 step 1:" in run_1 and "CRIT PATH" in run_1
-    assert "demo: react_agent: " in run_1 and "of 2 answered right" in run_1
-    assert "prog-" not in run_2 and "demo: mcts_agent: " in run_2 and "of 1 solved" in run_2
-    table = run_2.split("demo: program latency")[1].splitlines()
+    # The first round shows the agents' steps, ps and the tables; the second only counts.
+    assert "--- autellix ps" in round_1 and "react-2 step 1:" in round_1
+    assert "CRIT PATH" in round_1 and "react_agent: " in round_1
+    assert "of 2 answered right" in round_1
+    assert "prog-" not in round_2 and "mcts_agent: " in round_2 and "of 1 solved" in round_2
+    assert "demo: over all 2 rounds: mcts_agent: " in round_2
+    table = round_2.split("demo: program latency")[1].splitlines()
     assert table[1].split()[:2] == ["EXAMPLE", "PROGRAMS"]
     assert [row.split()[0] for row in table[2:5]] == ["mcts", "react", "all"]
     assert table[4].split()[1] == "3" and table[4].rstrip().endswith("x")
+    assert table[5].startswith("demo: avg ratio of each pair of rounds: ")
+    assert table[6].startswith("demo: the machine was ")
     assert output.rstrip().splitlines()[-1].startswith("demo: all processes stopped")
     for url in re.findall(r"router ready at (\S+);", output):
         assert refuses_connections(url)
@@ -158,7 +162,7 @@ def test_ctrl_c_stops_the_demo_and_everything_it_started(engine):
         assert demo.stdout is not None
         for line in demo.stdout:
             lines.append(line)
-            if line.startswith("=== run 1 of 1"):
+            if line.startswith("=== round 1 of "):
                 break
         time.sleep(1)  # the examples are starting their programs
         demo.send_signal(signal.SIGINT)

@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
-import itertools
 from fractions import Fraction
 
 import pytest
-from game24 import PUZZLES, State, combine, is_solution
+from game24 import PUZZLES, State, is_solution, reachable, show
 from mcts_agent import Node, backpropagate, move_schema, repair_move, select
-
-
-def solvable_values(values: list[Fraction]) -> bool:
-    """Brute force over every pair, order and operator (fine for four numbers)."""
-    if len(values) == 1:
-        return values[0] == 24
-    for i, j in itertools.permutations(range(len(values)), 2):
-        rest = [values[k] for k in range(len(values)) if k not in (i, j)]
-        for operator in "+-*/":
-            result = combine(values[i], operator, values[j])
-            if result is not None and solvable_values([*rest, result]):
-                return True
-    return False
 
 
 @pytest.mark.parametrize("puzzle", PUZZLES)
 def test_every_shipped_puzzle_has_a_solution(puzzle):
-    assert solvable_values([Fraction(n) for n in puzzle])
+    assert reachable([Fraction(n) for n in puzzle])
+
+
+def test_the_solver_knows_reachable_positions_and_moves():
+    assert not reachable([Fraction(1)] * 4)  # 1 1 1 1 makes at most 4
+    assert not reachable([Fraction(n) for n in (1, 1, 1, 2)])
+    assert reachable([Fraction(8), Fraction(3)]) and not reachable([Fraction(8), Fraction(4)])
+    state = State.start((3, 3, 8, 8))
+    moves = state.moves_to_target()
+    assert moves and all(reachable(state.apply(*move).values) for move in moves)
+    # The only way on from 3 3 8 8 is 8 / 3 (toward 8 / (3 - 8 / 3)).
+    assert {(show(state.values[i]), op, show(state.values[j])) for i, op, j in moves} == {
+        ("8", "/", "3")
+    }
 
 
 @pytest.mark.parametrize(

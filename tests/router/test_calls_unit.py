@@ -210,10 +210,14 @@ def test_ps_prints_one_row_per_program_and_marks_dead_engines():
                 "owner": "alice",
             },  # fmt: skip
             {"program_id": "old", "name": None, "engine": "engine-1", "age_s": 4000},
+            # Short prompts bind to no engine: ENGINE names where its calls ran.
+            {"program_id": "short", "engine": None, "engines": {"engine-1": 1, "engine-0": 2},
+             "age_s": 3},
+            {"program_id": "new", "engine": None, "engines": {}, "age_s": 1},
         ],
     }
     lines = format_table(table).splitlines()
-    assert lines[0].startswith("2 programs  locality  engine-0 up load 2  engine-1 DOWN")
+    assert lines[0].startswith("4 programs  locality  engine-0 up load 2  engine-1 DOWN")
     assert lines[1].split() == [
         "PROGRAM", "NAME", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT", "AGE", "OWNER",
     ]  # fmt: skip
@@ -223,6 +227,8 @@ def test_ps_prints_one_row_per_program_and_marks_dead_engines():
     assert lines[3].split() == [
         "young", "agent", "engine-0", "2", "1", "5", "12.5", "3.0", "5s", "alice",
     ]  # fmt: skip
+    assert lines[4].split()[:3] == ["short", "-", "engine-0*,engine-1*!"]
+    assert lines[5].split()[:3] == ["new", "-", "-"]
     assert format_table(table, sort_by="service").splitlines()[2].startswith("young")
     assert [human_duration(s) for s in (0, 59, 61, 7322)] == ["0s", "59s", "1m01s", "2h02m"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -169,15 +170,17 @@ def test_serve_warns_about_upstreams_that_are_down_and_prints_a_client_to_paste(
     )  # fmt: skip
     try:
         ready = served.stdout.readline()
-        snippet = [served.stdout.readline() for _ in range(3)]
+        snippet = [served.stdout.readline() for _ in range(4)]
     finally:
         served.send_signal(signal.SIGTERM)
         _, errors = served.communicate(timeout=30)
     assert "warning: engine http://127.0.0.1:9 does not answer" in errors
     assert ready.startswith("autellix serve: router ready at http://127.0.0.1:")
-    assert snippet[0].startswith("from autellix import OpenAI")
-    assert 'api_key="-"' in snippet[1] and "/v1" in snippet[1]
-    assert "chat.completions.create(" in snippet[2]
+    assert ready.rstrip().endswith("Ctrl-C stops everything.")  # a line of its own
+    assert snippet[0] == "A client (Python):\n"
+    assert snippet[1].startswith("from autellix import OpenAI")
+    assert 'api_key="-"' in snippet[2] and "/v1" in snippet[2]
+    assert "chat.completions.create(" in snippet[3]
 
 
 def test_serve_gives_every_engine_the_runs_key_and_the_router_the_same(monkeypatch):
@@ -207,3 +210,26 @@ def test_engine_takes_its_key_from_the_flag_or_the_variable(monkeypatch):
     assert engine_config_from_args(parse("engine", "--model", "tiny")).api_key == "from-env"
     flagged = parse("engine", "--model", "tiny", "--api-key", "from-flag")
     assert engine_config_from_args(flagged).api_key == "from-flag"
+
+
+@pytest.mark.parametrize("output", ["--all", "--json"])
+async def test_ps_cut_short_by_its_reader_ends_quietly(output):
+    """`autellix ps --all | head -8` once ended in a BrokenPipeError traceback."""
+    from aiohttp import web
+    from local_http import serving
+
+    rows = [{"program_id": f"prog-{i}", "name": "react", "age_s": 1.0} for i in range(20000)]
+
+    async def table(request: web.Request) -> web.Response:
+        return web.json_response({"programs": rows, "total": len(rows), "engines": []})
+
+    app = web.Application()
+    app.router.add_get("/autellix/v1/programs", table)
+    async with serving(web.AppRunner(app)) as url:
+        shell = await asyncio.create_subprocess_exec(
+            "bash", "-c", f"set -o pipefail; {sys.executable} -m autellix_vllm ps --url {url}"
+            f" {output} | head -c 100 >/dev/null",
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, stderr = await asyncio.wait_for(shell.communicate(), timeout=120)
+    assert shell.returncode == 0 and stderr.decode() == ""

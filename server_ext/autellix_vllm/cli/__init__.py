@@ -5,7 +5,8 @@ Every module of this package is one subcommand of the same name (``ps.py`` is
 a new command is a new module here. A command module exposes
 ``add_parser(subparsers, name)``; the parser it adds sets ``func`` to a callable
 taking the parsed arguments and returning the exit code. Bad input ends with a
-one-line message and exit code 2.
+one-line message and exit code 2. Output cut short by its reader (``autellix ps
+| head``) ends the command quietly, with exit code 0.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import pkgutil
 import sys
 import warnings
@@ -123,7 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         return _missing_extra(exc, f"autellix {argv[0]}" if wanted else "autellix")
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader took what it wanted (`| head`): the rest is not wanted, and
+        # stdout goes to /dev/null so that the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UsageError as exc:
         print(f"{_command_parser(parser, args).prog}: error: {exc}", file=sys.stderr)
         return 2

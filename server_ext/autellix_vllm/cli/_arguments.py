@@ -24,18 +24,24 @@ def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The description as written, and each option's default after its help.
+    """The description as written, and each option's default after its help as
+    ``(default: VALUE)``, the one form a default takes in every help text (the
+    commands' and the examples').
 
     A default is added only where the help does not already say it in words
     (``(default: ...)``, for defaults that come from a variable or depend on the
-    machine) and there is one to show (not None, not off)."""
+    machine) and there is one to show (not None). A switch (a flag that takes no
+    value, such as ``--all`` or ``--no-program-end``) gets none: its help says
+    what giving it does, and its stored default would only say the opposite."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help_text = action.help or ""
         if (
             "(default" in help_text
             or not action.option_strings
-            or any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))
+            or action.nargs == 0
+            or action.default is None
+            or action.default is argparse.SUPPRESS
         ):
             return help_text
         return f"{help_text} (default: %(default)s)"

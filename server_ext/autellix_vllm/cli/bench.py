@@ -85,10 +85,10 @@ def _add_workload_arguments(
     """What a benchmark on one engine replays, and on which engine settings."""
     parser.add_argument("--model", default="smollm2", help=MODEL_HELP)
     parser.add_argument(
-        "--programs", type=int, help="programs in the workload (default 32; a trace: all)"
+        "--programs", type=int, help="programs in the workload (default: 32; a trace: all)"
     )
     parser.add_argument("--quick", action="store_true", help=quick)
-    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="the workload generator's seed")
     parser.add_argument(
         "--workload", default="mixed", choices=list(WORKLOAD_SPECS),
         help="a generated workload (default: %(default)s)",
@@ -106,10 +106,10 @@ def _add_workload_arguments(
         "--rate", type=float,
         help="program arrivals per second (default: from the probe; a trace's own)",
     )  # fmt: skip
-    parser.add_argument("--max-num-seqs", type=int, help="the engines' batch size (default 4)")
+    parser.add_argument("--max-num-seqs", type=int, help="the engines' batch size (default: 4)")
     parser.add_argument(
         "--max-model-len", type=int,
-        help="the engines' context length; the agent workload's sessions end there (default 1024)",
+        help="the engines' context length; the agent workload's sessions end there (default: 1024)",
     )  # fmt: skip
     parser.add_argument(
         "--kv-blocks", type=int,
@@ -318,7 +318,7 @@ def _add_client_and_calibration(benches: argparse._SubParsersAction) -> None:
     sdk.add_argument("--warmup", type=int, default=200, help="untimed calls per client")
     sdk.add_argument(
         "--transport", choices=("server", "mock"), default="server",
-        help="a minimal upstream in its own process (default) or in-process answers",
+        help="server: a minimal upstream in its own process; mock: in-process answers",
     )  # fmt: skip
     sdk.add_argument("--json", action="store_true", help="print only the JSON result")
     sdk.set_defaults(func=_run_sdk)

@@ -30,10 +30,15 @@ from autellix_vllm.cli import UsageError
 from autellix_vllm.cli._arguments import HelpFormatter, checked, reserved_flag
 from autellix_vllm.engine.launcher import (
     AUTO_TOOL_PARSER,
+    CPU_KV_CACHE_GIB,
+    CPU_MAX_MODEL_LEN,
+    CPU_MAX_NUM_SEQS,
     SCHEDULERS,
     EngineConfig,
     EngineProcess,
     EngineStartError,
+    device_args,
+    device_warning,
     scheduler_environment,
     stop_on_signals,
     tool_call_parser,
@@ -112,22 +117,31 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-num-seqs",
         type=int,
         metavar="N",
-        default=defaults.max_num_seqs,
-        help="calls in the engine's batch at once",
+        help="seats: calls in the engine's batch at once (default: on a CPU"
+        f" {CPU_MAX_NUM_SEQS}; on a GPU vLLM's, 256, or 1024 on an H100/H200)",
     )
     parser.add_argument(
         "--max-model-len",
         type=int,
         metavar="TOKENS",
-        default=defaults.max_model_len,
-        help="longest prompt plus output, in tokens",
+        help="longest prompt plus output, in tokens (default: on a CPU"
+        f" {CPU_MAX_MODEL_LEN}; on a GPU the model's own, from its config)",
     )
     parser.add_argument(
         "--kv-cache-gib",
         type=int,
         metavar="GIB",
-        default=defaults.kv_cache_gib,
-        help="CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)",
+        help="KV cache size in GiB: on a CPU host memory (VLLM_CPU_KVCACHE_SPACE), on a"
+        " GPU vLLM's --kv-cache-memory-bytes (default: on a CPU"
+        f" {CPU_KV_CACHE_GIB}; on a GPU what --gpu-memory-utilization 0.9 leaves)",
+    )
+    parser.add_argument(
+        "--kv-offload-gib",
+        type=float,
+        metavar="GIB",
+        help="GPU only: a KV tier of this many GiB of host memory behind the GPU's (vLLM's"
+        " --kv-offloading-size, native backend): evicted contexts reload from it instead"
+        " of being computed again (default: none)",
     )
     parser.add_argument(
         "--scheduler",
@@ -184,8 +198,10 @@ def engine_config_from_args(
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     for flag in ("max_num_seqs", "max_model_len", "kv_cache_gib"):
-        if getattr(args, flag) < 1:
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.kv_offload_gib is not None and not args.kv_offload_gib > 0:
+        raise UsageError("--kv-offload-gib must be positive")
     vllm_args = list(getattr(args, "vllm_args", None) or [])
     if problem := reserved_flag(vllm_args, reserved):
         raise UsageError(problem)
@@ -202,6 +218,7 @@ def engine_config_from_args(
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         kv_cache_gib=args.kv_cache_gib,
+        kv_offload_gib=args.kv_offload_gib,
         scheduler=args.scheduler,
         policy=args.policy,
         beta=args.beta,
@@ -216,6 +233,7 @@ def engine_config_from_args(
     try:
         config = EngineConfig(**values)  # type: ignore[arg-type]
         scheduler_environment(config)  # also the AUTELLIX_* variables it inherits
+        device_args(config, config.resolved_device())  # e.g. a host KV tier on a CPU
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return config
@@ -233,6 +251,8 @@ def tool_calling_summary(engine: EngineProcess) -> str:
 
 def run(args: argparse.Namespace) -> int:
     engine = EngineProcess(engine_config_from_args(args, echo=True))
+    if warning := device_warning(engine.config):
+        say(f"warning: {warning}")
     if engine.config.api_key is None:
         say(
             f"warning: no --api-key: whoever reaches {engine.base_url} may set scheduling"

@@ -5,11 +5,14 @@
     autellix top                                 # refreshed every second, most service first
     autellix ps --url http://127.0.0.1:8000 --api-key KEY --json
 
-Columns: PROGRAM (id), NAME, ENGINE (its binding; ``!`` marks an engine out of
-rotation), THR (threads), RUN (calls in flight), CALLS (completed), SERVICE
-(token equivalents over all engines), WAIT (engine-reported waiting, summed
+Columns: PROGRAM (id), NAME, ENGINE (the engine the program is bound to, else
+the engines its calls ran on, with ``*`` after them: short prompts bind to no
+engine; ``!`` marks an engine out of rotation), THR (threads), RUN (calls in
+flight), CALLS (completed), SERVICE (token equivalents over all engines), WAIT
+(how long its calls waited in the engines' queues, in engine steps, summed
 over engines), AGE, OWNER (the name of the key that opened it); for ended
 programs, AGE is how long the program lived and ENDED how long ago it ended.
+docs/glossary.md explains binding, service and waiting.
 ``--url`` and ``--api-key`` default to $AUTELLIX_URL and $AUTELLIX_API_KEY.
 
 The router lists a key's own programs (the admin key's: all), a page at a
@@ -182,13 +185,10 @@ def format_ended(ended: dict[str, Any]) -> str:
 
 def _program_cells(p: dict[str, Any], down: set[str]) -> tuple[str, ...]:
     """A program's cells from PROGRAM to AGE; ``down``: engines out of rotation."""
-    engine = printable(p.get("engine") or "-")
-    if p.get("engine") in down:
-        engine += "!"
     return (
         printable(p["program_id"]),
         printable(p.get("name") or "-"),
-        engine,
+        _engine_cell(p, down),
         str(p.get("threads", 0)),
         str(p.get("calls_active", 0)),
         str(p.get("calls_completed", 0)),
@@ -196,6 +196,17 @@ def _program_cells(p: dict[str, Any], down: set[str]) -> tuple[str, ...]:
         f"{p.get('waiting_time', 0.0):.1f}",
         human_duration(p.get("age_s", 0.0)),
     )
+
+
+def _engine_cell(p: dict[str, Any], down: set[str]) -> str:
+    """The ENGINE cell: the binding; else the engines its calls ran on, each with
+    ``*`` (ran there, not bound); ``-`` before its first call. ``!``: out of rotation."""
+    bound = p.get("engine")
+    names = [bound] if bound else sorted(p.get("engines") or {})
+    if not names:
+        return "-"
+    mark = "" if bound else "*"
+    return ",".join(printable(n) + mark + ("!" if n in down else "") for n in names)
 
 
 def _lines(title: str, rows: list[tuple[str, ...]]) -> str:

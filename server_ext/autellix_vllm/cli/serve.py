@@ -36,7 +36,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,7 +52,9 @@ from autellix_vllm.engine.launcher import (
     EngineProcess,
     EngineStartError,
     EngineSupervisor,
+    device_warning,
     gpu_available,
+    nvidia_gpus,
     start_all,
     stop_all,
     stop_on_signals,
@@ -255,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
         ]
     first = engine_configs[0]
     count = len(engine_configs)
+    if warning := device_warning(first):
+        say(f"warning: {warning}", err=True)
     say(
         f"starting {count} engine{'s' if count > 1 else ''} ({first.model_name} on the"
         f" {first.resolved_device()}; each takes about a minute)"
@@ -393,8 +396,7 @@ def visible_gpus() -> list[str]:
         return [gpu for gpu in listed.split(",") if gpu.strip()]
     if not gpu_available():
         return []
-    probe = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-    return [str(i) for i, line in enumerate(probe.stdout.splitlines()) if line.startswith("GPU")]
+    return [str(i) for i in range(len(nvidia_gpus()))]
 
 
 def run_router(config: RouterConfig, host: str, port: int, ready_line: Callable[[str], str]) -> int:
@@ -428,8 +430,8 @@ def _ready_line(config: RouterConfig, models: list[str]) -> Callable[[str], str]
     def line(root_url: str) -> str:
         served = ", ".join(repr(m) for m in models) or "the engines' models"
         return (
-            f"router ready at {root_url}; model {served}; Ctrl-C stops everything."
-            " A client (Python):\n"
+            f"router ready at {root_url}; model {served}; Ctrl-C stops everything.\n"
+            "A client (Python):\n"
             "from autellix import OpenAI  # or AsyncOpenAI; openai's clients work too\n"
             f'client = OpenAI(base_url="{root_url}/v1", api_key="{key}")\n'
             f'print(client.chat.completions.create(model="{model}",'

@@ -112,7 +112,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="clients tell the engine with each call how long their tool takes before the"
         " context's next call, as autellix.expect_tool does: a KV-aware engine holds the"
-        " context that long instead of its own estimate (default: off, no hints)",
+        " context that long instead of its own estimate",
     )
     p.add_argument("--seed", type=int, default=0, help="the workload generator's seed")
     p.add_argument(

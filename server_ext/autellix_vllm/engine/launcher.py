@@ -74,6 +74,20 @@ REAPER_MODULE = "autellix_vllm.engine.reaper"
 # EngineConfig.tool_call_parser: the served model's own parser (ModelSpec.tool_call_parser).
 AUTO_TOOL_PARSER = "auto"
 
+# What a CPU engine runs with where the config leaves it open: a short context
+# and few seats keep a 2-core machine responsive, and the KV cache is host
+# memory set aside up front (VLLM_CPU_KVCACHE_SPACE). A GPU engine takes vLLM's
+# own defaults instead (the context from the model's config, 256 seats or 1024
+# on an H100/H200, the KV cache from --gpu-memory-utilization): these would
+# cripple an 8B model on a GPU.
+CPU_MAX_MODEL_LEN = 1024
+CPU_MAX_NUM_SEQS = 16
+CPU_KV_CACHE_GIB = 1
+KV_OFFLOAD_NEEDS_GPU = (
+    "--kv-offload-gib is a host-memory tier behind a GPU's KV cache (vLLM's"
+    " --kv-offloading-size); a CPU engine's KV cache is host memory already: use --kv-cache-gib"
+)
+
 
 class EngineStartError(RuntimeError):
     """The server exited, or did not become healthy in time. The message ends
@@ -87,6 +101,11 @@ class EngineConfig:
     ``model`` is a name of :data:`~autellix_vllm.engine.models.MODELS` (``tiny``: random
     weights, fast, for tests; ``smollm2``: a real chat model) or a folder or hub id
     handed to vLLM as it is. ``None`` is ``tiny``.
+
+    ``max_model_len``, ``max_num_seqs`` and ``kv_cache_gib`` left at None take the
+    device's defaults: on a CPU :data:`CPU_MAX_MODEL_LEN` and the like, on a GPU
+    vLLM's own (:func:`device_args`). ``kv_offload_gib`` gives a GPU engine a KV
+    tier of that many GiB in host memory (vLLM's native CPU offloading).
 
     ``api_key`` is the engine key (:data:`~autellix_vllm.protocol.ENGINE_KEY_VARIABLE`):
     vLLM's ``/v1/*`` routes, the scheduling fields and ``/autellix/v1/engine/*``
@@ -108,9 +127,10 @@ class EngineConfig:
     policy: str | None = None
     beta: float | None = None
     levels: Levels | None = None
-    max_num_seqs: int = 16
-    max_model_len: int = 1024
-    kv_cache_gib: int = 1  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    max_num_seqs: int | None = None  # seats: calls in the batch at once
+    max_model_len: int | None = None  # longest prompt plus output, in tokens
+    kv_cache_gib: int | None = None  # CPU: VLLM_CPU_KVCACHE_SPACE; GPU: --kv-cache-memory-bytes
+    kv_offload_gib: float | None = None  # GPU only: --kv-offloading-size
     # CPU only: how many engines run side by side on this machine; each gets its
     # share of the cores as OpenMP threads (see cpu_threads_per_engine).
     engines_on_host: int = 1
@@ -153,15 +173,41 @@ class EngineConfig:
 
 def gpu_available() -> bool:
     """The GPU build of vLLM is installed and ``nvidia-smi`` sees a GPU."""
+    return vllm_gpu_build() and bool(nvidia_gpus())
+
+
+def vllm_gpu_build() -> bool:
+    """Whether the installed vLLM is the GPU build (distribution ``vllm``; the CPU
+    build that ``make install`` puts in is ``vllm-cpu``)."""
     try:
         metadata.distribution("vllm")
     except metadata.PackageNotFoundError:
         return False
+    return True
+
+
+def nvidia_gpus() -> list[str]:
+    """The lines ``nvidia-smi -L`` lists for the GPUs (none without ``nvidia-smi``)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return False
+        return []
     probe = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False)
-    return probe.returncode == 0 and "GPU" in probe.stdout
+    if probe.returncode != 0:
+        return []
+    return [line for line in probe.stdout.splitlines() if line.startswith("GPU")]
+
+
+def device_warning(config: EngineConfig) -> str | None:
+    """Why ``--device auto`` chose the CPU on a machine with a GPU, or None: a GPU
+    is here, but the installed vLLM is the CPU build."""
+    quiet = config.device != "auto" or config.model_name == "tiny"
+    if quiet or config.resolved_device() == "gpu" or vllm_gpu_build() or not nvidia_gpus():
+        return None
+    return (
+        "this machine has a GPU, but the installed vLLM is the CPU build (vllm-cpu, which"
+        " make installs): the engines run on the CPU. For the GPU, install the GPU build"
+        " (docs/gpu.md)"
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -178,23 +224,50 @@ def server_command(config: EngineConfig, model: ModelSpec, port: int) -> list[st
         "--served-model-name", config.served_model_name or model.served_name,
         "--host", config.host,
         "--port", str(port),
-        "--max-model-len", str(config.max_model_len),
-        "--max-num-seqs", str(config.max_num_seqs),
         "--middleware", MIDDLEWARE,
+        *device_args(config, device),
     ]  # fmt: skip
     if config.runs_autellix:
         scheduler_cls = ASYNC_SCHEDULER_CLS if device == "gpu" else SCHEDULER_CLS
         cmd += ["--scheduler-cls", scheduler_cls, "--scheduling-policy", "priority"]
     else:
         cmd += ["--scheduling-policy", "fcfs"]
-    if device == "cpu":
-        cmd += ["--enforce-eager"]
     parser = tool_call_parser(config, model)
     if parser is not None:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     # The model's own flags (dtype, dummy weights) before the user's: vLLM takes
     # the last value of a flag, so the user's extra arguments win.
     return cmd + model.vllm_args() + list(config.extra_args)
+
+
+def device_args(config: EngineConfig, device: str) -> list[str]:
+    """The vLLM flags whose defaults depend on the device.
+
+    On a CPU: the config's context length and seats, else the CPU defaults, and
+    eager mode (no graph capture on a CPU). On a GPU only what the config sets:
+    vLLM's defaults scale with the device and the model, and the host KV tier
+    (``kv_offload_gib``) is vLLM's native CPU offloading. ValueError for a host
+    KV tier on a CPU engine (:data:`KV_OFFLOAD_NEEDS_GPU`).
+    """
+    if device == "cpu":
+        if config.kv_offload_gib is not None:
+            raise ValueError(KV_OFFLOAD_NEEDS_GPU)
+        return [
+            "--max-model-len", str(config.max_model_len or CPU_MAX_MODEL_LEN),
+            "--max-num-seqs", str(config.max_num_seqs or CPU_MAX_NUM_SEQS),
+            "--enforce-eager",
+        ]  # fmt: skip
+    args: list[str] = []
+    if config.max_model_len is not None:
+        args += ["--max-model-len", str(config.max_model_len)]
+    if config.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(config.max_num_seqs)]
+    if config.kv_cache_gib is not None:
+        args += ["--kv-cache-memory-bytes", str(config.kv_cache_gib * 2**30)]
+    if config.kv_offload_gib is not None:
+        args += ["--kv-offloading-size", f"{config.kv_offload_gib:g}",
+                 "--kv-offloading-backend", "native"]  # fmt: skip
+    return args
 
 
 def tool_call_parser(config: EngineConfig, model: ModelSpec) -> str | None:
@@ -215,7 +288,7 @@ def server_environment(config: EngineConfig) -> dict[str, str]:
     if config.resolved_device() == "cpu":
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         env.setdefault("OMP_NUM_THREADS", str(cpu_threads_per_engine(config.engines_on_host)))
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib or CPU_KV_CACHE_GIB)
     env.update(config.extra_env)
     env.update(scheduler_environment(config, env))
     # The engine has exactly the configured key: none inherited by accident.
