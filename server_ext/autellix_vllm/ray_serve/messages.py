@@ -14,8 +14,9 @@ class EngineCall:
 
     ``headers`` are what the engine is told (the accepted identity, the prior
     service, the content type), never the client's credentials. ``program_key``
-    and ``prompt_tokens`` are what the request router places the call by.
-    ``avoid`` names replicas that already failed this call. ``route`` is written
+    and ``prompt_tokens`` are what the request router places the call by, with
+    ``bound_replica``, the program's binding in the table. ``avoid`` names
+    replicas that already failed this call. ``route`` is written
     by the request router when it places the call (before the call leaves the
     ingress's process) and echoed back by the replica in :class:`AnswerHead`.
     """
@@ -25,18 +26,24 @@ class EngineCall:
     headers: dict[str, str]
     program_key: str
     prompt_tokens: int
+    bound_replica: str | None = None
     avoid: tuple[str, ...] = ()
     route: Route | None = None
 
 
 @dataclass(frozen=True)
 class AnswerHead:
-    """The first item an engine replica yields for a call; the body's bytes follow."""
+    """The first item an engine replica yields for a call; the body's bytes follow.
+
+    ``engine_failed``: the replica's engine could not take the call and did no
+    work for it (no body follows): the call may go to another replica.
+    """
 
     status: int
     headers: dict[str, str]
     replica: str  # the replica's unique id, as the request router names it
     route: Route | None
+    engine_failed: bool = False
 
 
 @dataclass(frozen=True)
