@@ -16,9 +16,10 @@ class EngineCall:
     service, the content type), never the client's credentials. ``program_key``
     and ``prompt_tokens`` are what the request router places the call by, with
     ``bound_replica``, the program's binding in the table. ``avoid`` names
-    replicas that already failed this call. ``route`` is written
-    by the request router when it places the call (before the call leaves the
-    ingress's process) and echoed back by the replica in :class:`AnswerHead`.
+    replicas that already failed this call. ``route`` and ``placed_on`` (the
+    replica ranked first) are written by the request router when it places the
+    call, in the ingress's process before the call leaves it; the replica echoes
+    the route back in :class:`AnswerHead`.
     """
 
     path: str
@@ -29,6 +30,7 @@ class EngineCall:
     bound_replica: str | None = None
     avoid: tuple[str, ...] = ()
     route: Route | None = None
+    placed_on: str | None = None
 
 
 @dataclass(frozen=True)

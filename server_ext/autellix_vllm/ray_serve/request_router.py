@@ -63,6 +63,7 @@ class ProgramAwareRouter(RequestRouter):
             call.program_key, call.prompt_tokens, loads, call.bound_replica, call.avoid
         )
         call.route = placement.route
+        call.placed_on = loads[placement.ranked[0]].name
         return [[candidate_replicas[i]] for i in placement.ranked]
 
     def on_request_routed(
