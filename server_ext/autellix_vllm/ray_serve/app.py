@@ -48,6 +48,8 @@ class RayServeConfig:
     # Calls one engine replica takes at once before Serve queues them elsewhere.
     max_ongoing_calls: int = 64
     health_check_period_s: float = 2.0
+    # ProgramDirectory's bounds (max_programs, max_programs_per_owner, ...).
+    directory: dict[str, Any] = field(default_factory=dict)
     ingress: IngressSettings = field(default_factory=IngressSettings)
 
     def __post_init__(self) -> None:
@@ -80,7 +82,7 @@ def build_app(config: RayServeConfig) -> Any:
     directory = serve.deployment(
         ProgramDirectory, name="ProgramDirectory", num_replicas=1,
         ray_actor_options={"num_cpus": 0},
-    ).bind()  # fmt: skip
+    ).bind(**config.directory)  # fmt: skip
     return serve.deployment(
         Ingress, name="Ingress", num_replicas=config.ingress_replicas,
         ray_actor_options={"num_cpus": 0},
