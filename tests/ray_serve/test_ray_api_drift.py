@@ -76,3 +76,9 @@ def test_a_deployment_takes_a_request_router_class_and_its_kwargs():
 def test_replica_failures_cover_a_dead_and_an_unreachable_replica():
     assert issubclass(ActorDiedError, adapter.REPLICA_FAILURES)
     assert issubclass(ActorUnavailableError, adapter.REPLICA_FAILURES)
+
+
+def test_handle_options_take_stream_and_session_id():
+    from ray.serve.handle import DeploymentHandle
+
+    assert {"stream", "session_id"} <= set(params(DeploymentHandle.options))

@@ -16,6 +16,9 @@ shape. What is relied on, and why:
   ongoing, as Serve last probed or counted them (``None`` when stale).
 * ``RequestRouterConfig(request_router_class=..., request_router_kwargs=...)`` on
   a deployment sets its router for every handle to it.
+* ``DeploymentHandle.options(stream=True, session_id=...)``: a method that yields
+  is streamed to the caller; the session id reaches every request router as
+  ``pending_request.metadata.session_id`` (Ray's consistent-hash router keys on it).
 * A call to a replica that died raises ``RayActorError`` (``ActorDiedError``,
   ``ActorUnavailableError``) in the caller: the call may be sent again.
 """

@@ -234,7 +234,9 @@ class Ingress:
         last = "no replica answered"
         for _ in range(self.settings.max_attempts):
             engine_call.avoid = tuple(failed)
-            answer = self.engines.generate.remote(engine_call)
+            # The session id is the program's: Ray's consistent-hash router keys on it.
+            handle = self.engines.options(session_id=engine_call.program_key)
+            answer = handle.generate.remote(engine_call)
             try:
                 head: AnswerHead = await answer.__anext__()
                 if head.engine_failed:
