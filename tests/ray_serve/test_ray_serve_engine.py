@@ -109,6 +109,10 @@ def test_errors_are_the_routers_bodies(http, model):
     late = chat(http, model, pid, "late")
     assert late.status_code == 404 and late.json()["error"]["code"] == "program_ended"
     assert http.get("/nowhere").json()["error"]["code"] == "not_found"
+    bad_page = http.get("/autellix/v1/programs", params={"limit": 0})
+    assert bad_page.status_code == 400 and bad_page.json()["error"]["param"] == "limit"
+    broken = http.post("/v1/chat/completions", content=b"{", headers={"Content-Type": "x"})
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
 
 
 def test_killing_a_replica_mid_run_loses_no_program(http, model):

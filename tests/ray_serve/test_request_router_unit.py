@@ -40,7 +40,9 @@ def pending(call: object, request_id: str = "i1") -> PendingRequest:
 
 
 def engine_call(program: str, tokens: int, bound: str | None = None, avoid=()) -> EngineCall:
-    return EngineCall("/v1/chat/completions", b"{}", {}, program, tokens, bound, tuple(avoid))
+    return EngineCall(
+        "/v1/chat/completions", b"{}", {}, False, program, tokens, bound, tuple(avoid)
+    )
 
 
 @pytest.fixture

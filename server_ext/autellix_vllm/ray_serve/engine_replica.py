@@ -65,7 +65,8 @@ class EngineReplica:
         return self._session
 
     async def generate(self, call: EngineCall) -> AsyncIterator[AnswerHead | bytes]:
-        """The engine's answer to ``call``: its head, then its body in chunks."""
+        """The engine's answer to ``call``: its head (with the body, unless it is a
+        stream), then a stream's bytes as the engine sends them."""
         try:
             upstream = await self._client().post(
                 self.process.base_url + call.path, data=call.raw, headers=call.headers
@@ -77,6 +78,10 @@ class EngineReplica:
             headers = {
                 h: upstream.headers[h] for h in _PASSED_BACK_HEADERS if h in upstream.headers
             }
+            if not call.stream or upstream.status != 200:
+                body = await upstream.read()
+                yield AnswerHead(upstream.status, headers, self.name, call.route, body)
+                return
             yield AnswerHead(upstream.status, headers, self.name, call.route)
             async for chunk in upstream.content.iter_any():
                 yield chunk

@@ -63,7 +63,12 @@ from autellix_vllm.router.calls import Call, parse_json_object, read_call
 from autellix_vllm.router.config import DEFAULT_MAX_BODY_BYTES
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing, load_api_keys
-from autellix_vllm.router.routes import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, program_name
+from autellix_vllm.router.routes import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    program_name,
+    query_int,
+)
 from autellix_vllm.router.usage import SseRelay, service_from_body
 
 log = logging.getLogger("autellix.ray_serve")
@@ -167,8 +172,9 @@ class Ingress:
         return JSONResponse(_accepted(opened))
 
     async def _list_programs(self, request: Request, caller: Client) -> Response:
-        limit = _query_int(request, "limit", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
-        after = _query_int(request, "after", None, 0, None)
+        query = request.query_params
+        limit = query_int(query.get("limit"), "limit", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+        after = query_int(query.get("after"), "after", None, 0, None)
         page = await self.directory.page.remote(caller, after, limit, self.reports.take())
         return JSONResponse(page)
 
@@ -201,12 +207,13 @@ class Ingress:
             path=call.path,
             raw=call.raw,
             headers=_engine_headers(call, admission),
+            stream=call.stream,
             program_key=call.program_id or f"anonymous-{next(self._anonymous)}",
             prompt_tokens=call.prompt_tokens,
             bound_replica=admission.bound_replica if admission else None,
         )
         try:
-            sent = await self._send(engine_call, call.stream)
+            sent = await self._send(engine_call)
         except BaseException:
             self._report(call, None, None, completed=False)
             raise
@@ -228,7 +235,7 @@ class Ingress:
 
     # ---- sending and relaying ----------------------------------------------------------
 
-    async def _send(self, engine_call: EngineCall, stream: bool) -> _Sent:
+    async def _send(self, engine_call: EngineCall) -> _Sent:
         """Send the call to a replica, and again to another while none could answer."""
         failed: list[str] = []
         last = "no replica answered"
@@ -243,10 +250,7 @@ class Ingress:
                     failed.append(head.replica)
                     last = f"the engine of replica {head.replica} could not take the call"
                     continue
-                if stream and head.status == 200:
-                    first = await anext(answer, b"")
-                else:
-                    first = b"".join([chunk async for chunk in answer])
+                first = head.body if head.body is not None else await anext(answer, b"")
             except REPLICA_FAILURES as error:
                 answer.cancel()
                 if engine_call.placed_on is not None:
@@ -381,19 +385,3 @@ def _error_response(error: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
     body = error_body(error.status, error.message, error.code, error.param)
     return JSONResponse(body, status_code=error.status, headers=headers)
-
-
-def _query_int(
-    request: Request, name: str, default: int | None, low: int, high: int | None
-) -> int | None:
-    text = request.query_params.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if value < low or (high is not None and value > high):
-        bounds = f"{low} to {high}" if high is not None else f"at least {low}"
-        raise ApiError(400, f"{name} must be an integer, {bounds}", "invalid_parameter", name)
-    return value

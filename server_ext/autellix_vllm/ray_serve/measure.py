@@ -5,7 +5,8 @@ through the Ray application (one tiny-model engine replica) against today's
 router (``autellix serve``, one tiny engine), both running at once, calls
 alternating between them (sequential, ``max_tokens`` 1, one program each), so
 that the machine's load weighs on both alike. Their p50 difference is what the
-Ray path adds over the router.
+Ray path adds over the router; calls without a program through the Ray path
+(no directory round trip) show the directory's share.
 
 ``python -m autellix_vllm.ray_serve.measure routers``: programs whose context
 grows call by call (a unique system prompt, then each answer and a new user
@@ -120,12 +121,15 @@ def overhead(calls: int) -> dict[str, Any]:
         clients = {
             "ray": httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60),
             "router": httpx.Client(base_url=router_url, timeout=60),
+            # Calls without a program skip the directory: its share of the difference.
+            "ray_without_program": httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60),
         }
         latencies: dict[str, list[float]] = {name: [] for name in clients}
         bodies: dict[str, dict[str, Any]] = {}
         for name, client in clients.items():
-            pid = client.post("/autellix/v1/programs").json()["program_id"]
-            client.headers["X-Autellix-Program-Id"] = pid
+            if name != "ray_without_program":
+                pid = client.post("/autellix/v1/programs").json()["program_id"]
+                client.headers["X-Autellix-Program-Id"] = pid
             bodies[name] = {"model": _model(client), "max_tokens": 1,
                             "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
             for _ in range(5):  # warm-up: connections, caches
@@ -208,15 +212,19 @@ def routers(programs: int, calls: int, names: list[str]) -> dict[str, Any]:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="what", required=True)
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = made.add_subparsers(dest="what", required=True)
     sub.add_parser("overhead").add_argument("--calls", type=int, default=200)
     routed = sub.add_parser("routers")
     routed.add_argument("--programs", type=int, default=8)
     routed.add_argument("--calls", type=int, default=6)
     routed.add_argument("--routers", default="autellix,pow2,consistent-hash")
-    args = parser.parse_args()
+    return made
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.what == "overhead":
         result = overhead(args.calls)
     else:

@@ -25,6 +25,7 @@ class EngineCall:
     path: str
     raw: bytes
     headers: dict[str, str]
+    stream: bool
     program_key: str
     prompt_tokens: int
     bound_replica: str | None = None
@@ -35,8 +36,10 @@ class EngineCall:
 
 @dataclass(frozen=True)
 class AnswerHead:
-    """The first item an engine replica yields for a call; the body's bytes follow.
+    """The first item an engine replica yields for a call.
 
+    A streamed answer's bytes follow as further items; any other answer comes
+    whole in ``body`` (one item: each item is a message between processes).
     ``engine_failed``: the replica's engine could not take the call and did no
     work for it (no body follows): the call may go to another replica.
     """
@@ -45,6 +48,7 @@ class AnswerHead:
     headers: dict[str, str]
     replica: str  # the replica's unique id, as the request router names it
     route: Route | None
+    body: bytes | None = None
     engine_failed: bool = False
 
 
