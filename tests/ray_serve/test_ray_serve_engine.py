@@ -34,7 +34,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def base_url():
     port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         # Threshold 0: every call is long, so every program binds (sticky).

@@ -27,7 +27,8 @@ def serve_until_stopped(
     on_ready: Callable[[str], None],
 ) -> None:
     """Deploy, call ``on_ready`` with the root URL, serve until KeyboardInterrupt."""
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    # "local": a new cluster even where RAY_ADDRESS names one (it is stopped on exit).
+    ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")

@@ -54,7 +54,7 @@ def _free_port() -> int:
 def local_cluster(num_cpus: int = 4) -> Iterator[int]:
     """A local Ray cluster with Serve's HTTP proxy on a free port (yielded)."""
     port = _free_port()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield port
