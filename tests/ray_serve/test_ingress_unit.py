@@ -40,6 +40,7 @@ class Engines:
         self.replies = list(replies)
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.generate = Remote(self._generate)
+        self.answer = Remote(self._answer)
         self.models = Remote(self._models)
 
     def options(self, **options: Any) -> Engines:
@@ -47,6 +48,9 @@ class Engines:
 
     async def _models(self) -> list[dict[str, Any]]:
         return [{"id": MODEL}]
+
+    async def _answer(self, call: EngineCall) -> AnswerHead:
+        return await self._generate(call).__anext__()
 
     def _generate(self, call: EngineCall) -> Stream:
         reply = self.replies.pop(0)
@@ -164,3 +168,15 @@ def test_a_reused_call_id_is_refused_before_any_replica_sees_it():
     assert answers[0].status_code == 200
     assert answers[1].status_code == 409 and error(answers[1])["code"] == "call_id_reused"
     assert len(engines.calls) == 1
+
+
+def test_bad_requests_get_the_routers_codes():
+    answers, _ = serve_calls(
+        Engines(),
+        request("POST", "/v1/chat/completions", {"model": MODEL, "pad": "x" * 200}),
+        request("GET", "/v1/chat/completions"),
+        request("GET", "/nowhere"),
+        max_body_bytes=100,
+    )
+    assert [(a.status_code, error(a)["code"]) for a in answers] == [
+        (413, "body_too_large"), (405, "method_not_allowed"), (404, "not_found")]  # fmt: skip

@@ -4,9 +4,11 @@ The replica starts the engine (:class:`~autellix_vllm.engine.launcher.EngineProc
 vLLM 0.32 with the Autellix scheduler, identity middleware and plugins) on a
 free loopback port, with an engine key of its own, so that only this replica
 may state the scheduling fields. It relays each call to it over HTTP and
-streams the answer back to the ingress: first an
+sends the answer back to the ingress: for a stream, first an
 :class:`~autellix_vllm.ray_serve.messages.AnswerHead`, then the body's bytes as
-the engine sends them. A cancelled call (the client left) closes the engine
+the engine sends them (:meth:`EngineReplica.generate`), or the whole answer in
+one message when it is not streamed (:meth:`EngineReplica.answer`: a plain
+call costs less than a stream of one item). A cancelled call (the client left) closes the engine
 connection, which makes vLLM abort the request.
 
 Supervision: Serve's health check (:meth:`EngineReplica.check_health`) fails
@@ -64,29 +66,45 @@ class EngineReplica:
             )
         return self._session
 
-    async def generate(self, call: EngineCall) -> AsyncIterator[AnswerHead | bytes]:
-        """The engine's answer to ``call``: its head (with the body, unless it is a
-        stream), then a stream's bytes as the engine sends them."""
+    async def answer(self, call: EngineCall) -> AnswerHead:
+        """The engine's whole answer to a call that is not streamed (one message back)."""
+        upstream = await self._post(call)
+        if upstream is None:
+            return AnswerHead(502, {}, self.name, call.route, engine_failed=True)
         try:
-            upstream = await self._client().post(
-                self.process.base_url + call.path, data=call.raw, headers=call.headers
-            )
-        except _ENGINE_FAILURES:
+            body = await upstream.read()
+        finally:
+            upstream.release()
+        return AnswerHead(upstream.status, _passed_back(upstream), self.name, call.route, body)
+
+    async def generate(self, call: EngineCall) -> AsyncIterator[AnswerHead | bytes]:
+        """The engine's answer to a streamed call: its head, then the stream's bytes
+        as the engine sends them (an error answer comes whole in the head)."""
+        upstream = await self._post(call)
+        if upstream is None:
             yield AnswerHead(502, {}, self.name, call.route, engine_failed=True)
             return
         try:
-            headers = {
-                h: upstream.headers[h] for h in _PASSED_BACK_HEADERS if h in upstream.headers
-            }
-            if not call.stream or upstream.status != 200:
+            if upstream.status != 200:
                 body = await upstream.read()
-                yield AnswerHead(upstream.status, headers, self.name, call.route, body)
+                yield AnswerHead(
+                    upstream.status, _passed_back(upstream), self.name, call.route, body
+                )
                 return
-            yield AnswerHead(upstream.status, headers, self.name, call.route)
+            yield AnswerHead(upstream.status, _passed_back(upstream), self.name, call.route)
             async for chunk in upstream.content.iter_any():
                 yield chunk
         finally:
             upstream.release()  # closes the connection if unread: the engine aborts
+
+    async def _post(self, call: EngineCall) -> aiohttp.ClientResponse | None:
+        """Send ``call`` to the engine; None if it could not take it (nothing was done)."""
+        try:
+            return await self._client().post(
+                self.process.base_url + call.path, data=call.raw, headers=call.headers
+            )
+        except _ENGINE_FAILURES:
+            return None
 
     async def models(self) -> list[dict[str, Any]]:
         """The engine's ``/v1/models`` entries."""
@@ -106,3 +124,7 @@ class EngineReplica:
         process = getattr(self, "process", None)
         if process is not None:
             process.stop()
+
+
+def _passed_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    return {h: upstream.headers[h] for h in _PASSED_BACK_HEADERS if h in upstream.headers}

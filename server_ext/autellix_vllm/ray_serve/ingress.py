@@ -47,6 +47,7 @@ from autellix_vllm.protocol import (
     IdentityError,
     error_body,
     normalized_error,
+    status_error_code,
     validate_id,
 )
 from autellix_vllm.ray_serve._ray_adapter import REPLICA_FAILURES, DeploymentHandle
@@ -111,7 +112,7 @@ class _Sent:
     """A call's answer as it started: its head and the rest of its body."""
 
     head: AnswerHead
-    body: Any  # the replica's answer stream, positioned after the head
+    body: Any  # a stream's rest (the replica's answer stream, after the head); None if whole
     first: bytes  # for a stream: its first chunk; for a whole answer: all of it
 
 
@@ -121,8 +122,7 @@ class Ingress:
     def __init__(
         self, engines: DeploymentHandle, directory: DeploymentHandle, settings: IngressSettings
     ) -> None:
-        self.engines = engines.options(stream=True)
-        self.engine_models = engines
+        self.engines = engines
         self.directory = directory
         self.settings = settings
         self.keys = settings.key_ring()
@@ -162,8 +162,8 @@ class Ingress:
             return JSONResponse({"healthy": True})
         known = (*GENERATION_PATHS, "/v1/models", PROGRAMS_PATH, "/health")
         if path in known or path.startswith(PROGRAMS_PATH + "/"):
-            raise ApiError(405, f"{method} is not allowed on {path}", "method_not_allowed")
-        raise ApiError(404, f"no such route: {method} {path}", "not_found")
+            raise ApiError(405, f"{method} is not allowed on {path}", status_error_code(405))
+        raise ApiError(404, f"no such route: {method} {path}", status_error_code(404))
 
     async def _open_program(self, request: Request, caller: Client) -> Response:
         raw = await self._body(request)
@@ -243,22 +243,27 @@ class Ingress:
             engine_call.avoid = tuple(failed)
             # The session id is the program's: Ray's consistent-hash router keys on it.
             handle = self.engines.options(session_id=engine_call.program_key)
-            answer = handle.generate.remote(engine_call)
+            stream = None
             try:
-                head: AnswerHead = await answer.__anext__()
+                if engine_call.stream:
+                    stream = handle.options(stream=True).generate.remote(engine_call)
+                    head: AnswerHead = await stream.__anext__()
+                else:
+                    head = await handle.answer.remote(engine_call)
                 if head.engine_failed:
                     failed.append(head.replica)
                     last = f"the engine of replica {head.replica} could not take the call"
                     continue
-                first = head.body if head.body is not None else await anext(answer, b"")
+                first = head.body if head.body is not None else await anext(stream, b"")
             except REPLICA_FAILURES as error:
-                answer.cancel()
+                if stream is not None:
+                    stream.cancel()
                 if engine_call.placed_on is not None:
                     failed.append(engine_call.placed_on)
                 last = f"{type(error).__name__}: {error}"
                 log.warning("call of %s: a replica failed: %s", engine_call.program_key, last)
                 continue
-            return _Sent(head, answer, first)
+            return _Sent(head, stream, first)
         raise ApiError(
             502,
             f"no engine could answer after {self.settings.max_attempts} tries; last: {last}",
@@ -344,16 +349,14 @@ class Ingress:
         limit = self.settings.max_body_bytes
         raw = await request.body()
         if len(raw) > limit:
-            raise ApiError(
-                413, f"the request body is larger than the limit of {limit} bytes",
-                "request_too_large",
-            )  # fmt: skip
+            message = f"the request body is larger than the limit of {limit} bytes"
+            raise ApiError(413, message, status_error_code(413))
         return raw
 
     async def _known(self) -> dict[str, dict[str, Any]]:
         """The models the engines serve (asked of one replica, once: all serve the same)."""
         if not self._models:
-            entries = await self.engine_models.models.remote()
+            entries = await self.engines.models.remote()
             self._models = {entry["id"]: entry for entry in entries}
         return self._models
 

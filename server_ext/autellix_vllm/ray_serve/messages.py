@@ -36,10 +36,8 @@ class EngineCall:
 
 @dataclass(frozen=True)
 class AnswerHead:
-    """The first item an engine replica yields for a call.
-
-    A streamed answer's bytes follow as further items; any other answer comes
-    whole in ``body`` (one item: each item is a message between processes).
+    """An engine replica's answer to a call: whole (``body``), or the head of a
+    stream whose bytes follow as further items.
     ``engine_failed``: the replica's engine could not take the call and did no
     work for it (no body follows): the call may go to another replica.
     """
