@@ -4,6 +4,8 @@ import pytest
 from autellix_vllm.cli import UsageError, build_parser
 from autellix_vllm.cli.ray_serve import config_from_args
 
+pytest.importorskip("ray")
+
 
 def config(*argv: str):
     return config_from_args(build_parser().parse_args(["ray-serve", *argv]))

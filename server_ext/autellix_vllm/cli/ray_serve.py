@@ -62,9 +62,11 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
 
 def config_from_args(args: argparse.Namespace) -> object:
     """The application's :class:`~autellix_vllm.ray_serve.app.RayServeConfig` of ``args``."""
-    from autellix_vllm.ray_serve.app import RayServeConfig
-    from autellix_vllm.ray_serve.ingress import IngressSettings
-
+    try:
+        from autellix_vllm.ray_serve.app import RayServeConfig
+        from autellix_vllm.ray_serve.ingress import IngressSettings
+    except ImportError as error:
+        raise UsageError(f"{error}: install the ray extra (pip install 'autellix[ray]')") from None
     if args.allow_remote_upstreams:
         raise UsageError("--allow-remote-upstreams is for autellix serve --upstream")
     engine = engine_config_from_args(args)
@@ -104,10 +106,8 @@ def config_from_args(args: argparse.Namespace) -> object:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    try:
-        from autellix_vllm.ray_serve.launch import serve_until_stopped
-    except ImportError as error:
-        raise UsageError(f"{error}: install the ray extra (pip install 'autellix[ray]')") from None
+    from autellix_vllm.ray_serve.launch import serve_until_stopped
+
     where = args.address or "a local Ray cluster"
     say(f"deploying {args.replicas} engine replicas on {where} (each takes about a minute)")
     try:
