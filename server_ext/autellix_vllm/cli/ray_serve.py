@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from autellix_vllm.cli import UsageError
 from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.cli.engine import add_engine_arguments, engine_config_from_args
-from autellix_vllm.cli.serve import add_router_arguments, say
+from autellix_vllm.cli.serve import add_router_arguments
 
 # EngineConfig fields each replica sets itself (where its engine listens, its key, its log).
 _REPLICA_OWNED = ("host", "port", "api_key", "log_file")
@@ -121,3 +122,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         say("stopped")
     return 0
+
+
+def say(message: str) -> None:
+    print(f"autellix ray-serve: {message}", file=sys.stdout, flush=True)
