@@ -1,5 +1,5 @@
 """The Ray Serve application end to end: a local Ray cluster, two tiny-model engine
-replicas, the ingress, the directory and the program-aware router; then one
+replicas, two ingress replicas, the directory and the program-aware router; then one
 replica killed while programs run. Starts and stops everything itself (a few
 minutes on two cores: most of it is the two engines starting)."""
 
@@ -37,8 +37,10 @@ def base_url():
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        # Threshold 0: every call is long, so every program binds (sticky).
-        config = RayServeConfig(engine=ENGINE, replicas=2, locality_threshold=0)
+        # Threshold 0: every call is long, so every program binds (sticky). Two
+        # ingress replicas: a program's calls enter through either (Serve's proxy
+        # picks), so the table and the bindings they share are the directory's.
+        config = RayServeConfig(engine=ENGINE, replicas=2, ingress_replicas=2, locality_threshold=0)
         serve.run(build_app(config), name=APP, route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -81,12 +83,12 @@ def settled(http, pid, calls) -> dict:
 
 def test_a_programs_calls_stick_to_one_replica_and_its_service_adds_up(http, model):
     pid = http.post("/autellix/v1/programs", json={"name": "ray-test"}).json()["program_id"]
-    for i in range(3):
+    for i in range(6):
         answer = chat(http, model, pid, f"c{i}")
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["message"]["content"] is not None
-    row = settled(http, pid, 3)
-    assert row["calls_completed"] == 3 and len(row["engines"]) == 1, row
+    row = settled(http, pid, 6)
+    assert row["calls_completed"] == 6 and len(row["engines"]) == 1, row
     assert row["engine"] in row["engines"] and row["service"] > 0
 
 
