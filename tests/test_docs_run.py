@@ -149,6 +149,14 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
         PARSE, "needs engines on those ports"),
     "autellix ps --url http://127.0.0.1:8000": (RUN, "PROGRAM"),
     "autellix ps --all": (RUN, "ended programs"),
+    "pip install 'autellix[ray]'": (PARSE, "installs a package"),
+    "autellix ray-serve --model tiny --replicas 2": (PARSE, "starts a Ray cluster and engines"),
+    "autellix ray-serve --address auto --model smollm2 --replicas 4 --engine-cpus 4": (
+        PARSE, "needs a Ray cluster"),
+    "python -m autellix_vllm.ray_serve.measure overhead --calls 200": (
+        PARSE, "starts a Ray cluster and engines"),
+    "python -m autellix_vllm.ray_serve.measure routers --programs 8 --calls 6": (
+        PARSE, "starts a Ray cluster and engines"),
     # docs/simulator.md
     "autellix simulate run --workload W --policy P --rate R [--programs N] [--engines E --lb L]": (
         FORM, "the command's form"),
@@ -221,8 +229,10 @@ def _python_parses(arguments: list[str], heredoc: str | None) -> None:
     elif arguments[:2] == ["-m", "pytest"]:
         paths = [a for a in arguments[2:] if a.startswith("tests")]
         assert paths and all((ROOT / path).exists() for path in paths), paths
-    elif arguments[0] == "-m":
+    elif arguments[0] == "-m":  # a module; the project's own parse with their parser()
         assert importlib.util.find_spec(arguments[1]) is not None, arguments[1]
+        if arguments[1].startswith("autellix_vllm."):
+            importlib.import_module(arguments[1]).parser().parse_args(arguments[2:])
     else:
         _example_parses(Path(arguments[0]), arguments[1:])
 

@@ -69,6 +69,10 @@ class Balancer(ABC):
     def forget(self, program_id: str) -> None:  # noqa: B027 - stateless balancers keep nothing
         """The program ended: drop anything kept for it."""
 
+    def adopt(self, program_id: str, engine: str) -> None:  # noqa: B027 - nothing to adopt
+        """The program is bound to ``engine`` by a decision made elsewhere (another
+        router replica, recorded in a shared table): follow it from now on."""
+
 
 def least_loaded(engines: Sequence[EngineLoad]) -> int:
     """Index of the engine with the smallest load (the first on ties)."""
@@ -128,6 +132,9 @@ class Locality(Balancer):
 
     def forget(self, program_id: str) -> None:
         self.bindings.pop(program_id, None)
+
+    def adopt(self, program_id: str, engine: str) -> None:
+        self.bindings[program_id] = engine
 
 
 class ConsistentHash(Balancer):

@@ -160,7 +160,14 @@ async def list_programs(request: web.Request) -> web.Response:
 def _query_int(
     request: web.Request, name: str, default: int | None, low: int, high: int | None
 ) -> int | None:
-    text = request.query.get(name)
+    return query_int(request.query.get(name), name, default, low, high)
+
+
+def query_int(
+    text: str | None, name: str, default: int | None, low: int, high: int | None
+) -> int | None:
+    """The query parameter ``name`` (``text``, None if absent) as an integer from
+    ``low`` to ``high`` (None: no upper bound); a 400 ``invalid_parameter`` if not."""
     if text is None:
         return default
     try:

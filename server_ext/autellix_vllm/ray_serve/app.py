@@ -1,0 +1,103 @@
+"""The Ray Serve application: ingress, directory, engine replicas.
+
+From Python::
+
+    serve.run(build_app(RayServeConfig(replicas=2)), name="autellix", route_prefix="/")
+
+From a Serve config file (``serve deploy``), an application whose
+``import_path`` is ``autellix_vllm.ray_serve.app:build`` and whose ``args``
+are :class:`RayServeConfig`'s fields (docs/operations.md has one).
+
+``router`` chooses how the engine replicas are picked: ``autellix`` (the
+program-aware router with ``balancer``), or Ray's own ``pow2`` (power of two
+choices, Serve's default) and ``consistent-hash`` (sticky on Serve's session id,
+``x-session-id``), the baselines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD
+from autellix_vllm.ray_serve._ray_adapter import RequestRouterConfig, serve
+from autellix_vllm.ray_serve.directory import ProgramDirectory
+from autellix_vllm.ray_serve.engine_replica import EngineReplica
+from autellix_vllm.ray_serve.ingress import Ingress, IngressSettings
+
+# ``router`` -> the request router class of the engine deployment.
+ROUTERS = {
+    "autellix": "autellix_vllm.ray_serve.request_router.ProgramAwareRouter",
+    "pow2": "ray.serve._private.request_router.pow_2_router.PowerOfTwoChoicesRequestRouter",
+    "consistent-hash": "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter",
+}
+
+
+@dataclass
+class RayServeConfig:
+    """The application's settings; ``engine`` holds ``EngineConfig`` fields."""
+
+    engine: dict[str, Any] = field(default_factory=lambda: {"model": "tiny"})
+    replicas: int = 2
+    ingress_replicas: int = 1
+    router: str = "autellix"
+    balancer: str = "locality"
+    locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD
+    # CPUs Ray reserves per engine replica (its engine's threads run in that share).
+    engine_cpus: float = 1.0
+    # Calls one engine replica takes at once before Serve queues them elsewhere.
+    max_ongoing_calls: int = 64
+    health_check_period_s: float = 2.0
+    # ProgramDirectory's bounds (max_programs, max_programs_per_owner, ...).
+    directory: dict[str, Any] = field(default_factory=dict)
+    ingress: IngressSettings = field(default_factory=IngressSettings)
+
+    def __post_init__(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        if self.replicas < 1 or self.ingress_replicas < 1:
+            raise ValueError("replicas and ingress_replicas must be at least 1")
+        if isinstance(self.ingress, dict):
+            self.ingress = IngressSettings(**self.ingress)
+
+
+def build_app(config: RayServeConfig) -> Any:
+    """The bound Serve application (``serve.run`` takes it)."""
+    router_kwargs = (
+        {"balancer": config.balancer, "locality_threshold": config.locality_threshold}
+        if config.router == "autellix"
+        else {}
+    )
+    engines = serve.deployment(
+        EngineReplica,
+        name="EngineReplica",
+        num_replicas=config.replicas,
+        max_ongoing_requests=config.max_ongoing_calls,
+        health_check_period_s=config.health_check_period_s,
+        ray_actor_options={"num_cpus": config.engine_cpus},
+        request_router_config=RequestRouterConfig(
+            request_router_class=ROUTERS[config.router], request_router_kwargs=router_kwargs
+        ),
+    ).bind(config.engine)
+    directory = serve.deployment(
+        ProgramDirectory, name="ProgramDirectory", num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+    ).bind(**config.directory)  # fmt: skip
+    return serve.deployment(
+        Ingress, name="Ingress", num_replicas=config.ingress_replicas,
+        ray_actor_options={"num_cpus": 0},
+    ).bind(engines, directory, config.ingress)  # fmt: skip
+
+
+def build(args: dict[str, Any]) -> Any:
+    """The application builder a Serve config file names (``args``: the config's fields)."""
+    return build_app(RayServeConfig(**args))
+
+
+def describe(config: RayServeConfig) -> dict[str, Any]:
+    """The config as plain data, keys left out (for logs and the CLI's ready line)."""
+    data = asdict(config)
+    for key in ("api_key", "admin_key"):
+        if data["ingress"].get(key):
+            data["ingress"][key] = "***"
+    return data

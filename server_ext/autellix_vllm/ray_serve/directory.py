@@ -1,0 +1,142 @@
+"""The global process table for many ingress replicas: one directory, asked once per call.
+
+Design: the table (:class:`autellix_vllm.router.programs.ProgramTable`, the
+router's own, unchanged: bounded, owner-scoped, the same refusals) lives in
+one place, a single Serve replica (``app``), and every ingress replica asks it
+when a call of a program arrives (:meth:`ProgramDirectory.admit`): that is the
+one round trip a call pays, and it must be synchronous, since the table may
+refuse the call (ended program, another key's program, limits, a reused call
+id) and since it answers with the program's service over every replica, which
+the engine ranks the call by. How calls ended (service, replica, binding)
+travels the other way in batches (:class:`~.messages.ReportBatch`), on the
+next admission or after a short interval, so the service a call sees is the
+program's as of the reports that landed; a report applies before the
+admission it travels with.
+
+Why not partition programs over the ingress replicas by id: Serve's HTTP
+proxies spread requests over ingress replicas without regard to programs, so
+a partition would need an ingress-to-ingress hop on most calls, the same cost
+as one hop to the directory, and re-partitioning whenever ingress replicas
+come and go.
+
+The directory is plain Python; ``app`` wraps it in a Serve deployment. Errors
+are returned as :class:`~.messages.Refusal` values, not raised: they cross a
+process boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
+from autellix_vllm.ray_serve.messages import Admission, Arrival, CallReport, Refusal
+from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.keys import Client
+from autellix_vllm.router.programs import ProgramTable
+
+
+def _refusal(error: ApiError) -> Refusal:
+    return Refusal(error.status, error.message, error.code, error.param)
+
+
+class ProgramDirectory:
+    """The process table behind every ingress replica."""
+
+    def __init__(
+        self,
+        *,
+        ended_ids_kept: int = 100_000,
+        idle_ttl_s: float = 600.0,
+        max_programs: int = 100_000,
+        max_programs_per_owner: int = 10_000,
+        limits: ProgramLimits = DEFAULT_LIMITS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.limits = limits
+        self.table = ProgramTable(
+            ended_ids_kept,
+            idle_ttl_s,
+            clock,
+            max_programs=max_programs,
+            max_programs_per_owner=max_programs_per_owner,
+            limits=limits,
+        )
+
+    def issue(self, name: str | None, caller: Client) -> dict[str, Any] | Refusal:
+        """Open a program for ``caller`` (``POST /autellix/v1/programs``)."""
+        try:
+            record = self.table.issue(name, caller)
+        except ApiError as error:
+            return _refusal(error)
+        return {"program_id": record.program_id, "name": record.name, "created": record.created_s}
+
+    def admit(
+        self, arrival: Arrival, caller: Client, reports: list[CallReport] | None = None
+    ) -> Admission | Refusal:
+        """Apply ``reports``, then let a call in (counting it as active) or refuse it."""
+        self.apply(reports or [])
+        try:
+            record = self.table.call_arrived(
+                arrival.program_id,
+                arrival.thread_id,
+                parent_thread_id=arrival.parent_thread_id,
+                call_id=arrival.call_id,
+                caller=caller,
+            )
+        except ApiError as error:
+            return _refusal(error)
+        service = min(record.service, self.limits.max_prior_service)
+        return Admission(service=service, bound_replica=record.engine)
+
+    def apply(self, reports: list[CallReport]) -> None:
+        """Record how calls ended. A report of a program that left the table since
+        (ended, or dropped idle) changes nothing."""
+        for report in reports:
+            record = self.table.get(report.program_id)
+            if record is None:
+                continue
+            if report.replica is not None and report.route is not None:
+                self.table.routed(record, report.replica, report.route)
+            self.table.call_finished(
+                record,
+                report.call_id,
+                engine=report.replica,
+                service=report.service,
+                completed=report.completed,
+            )
+
+    def end(
+        self, program_id: str, caller: Client, reports: list[CallReport] | None = None
+    ) -> dict[str, Any] | Refusal:
+        """End a program (after applying ``reports``); its id is refused from now on.
+        Answers with the replicas its calls ran on."""
+        self.apply(reports or [])
+        try:
+            record = self.table.end(program_id, caller)
+        except ApiError as error:
+            return _refusal(error)
+        return {
+            "program_id": program_id,
+            "ended": True,
+            "replicas": sorted(record.calls_per_engine),
+        }
+
+    def page(
+        self, caller: Client, after: int | None, limit: int, reports: list[CallReport] | None = None
+    ) -> dict[str, Any]:
+        """One page of the programs ``caller`` may see, as ``GET /autellix/v1/programs``
+        lists them (waiting times are the engines' and are not asked here: 0)."""
+        self.apply(reports or [])
+        page = self.table.page(caller, after, limit)
+        return {
+            "programs": [self.table.row(r, 0.0) for r in page.records],
+            "total": page.total,
+            "has_more": page.next_after is not None,
+            "next_after": None if page.next_after is None else str(page.next_after),
+        }
+
+    def evict_idle(self) -> int:
+        """Drop idle programs (one batch); how many were dropped."""
+        return len(self.table.evict_idle())

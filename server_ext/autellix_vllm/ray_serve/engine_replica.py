@@ -1,0 +1,130 @@
+"""One engine as a Ray Serve replica: an ``autellix engine`` process under its supervision.
+
+The replica starts the engine (:class:`~autellix_vllm.engine.launcher.EngineProcess`:
+vLLM 0.32 with the Autellix scheduler, identity middleware and plugins) on a
+free loopback port, with an engine key of its own, so that only this replica
+may state the scheduling fields. It relays each call to it over HTTP and
+sends the answer back to the ingress: for a stream, first an
+:class:`~autellix_vllm.ray_serve.messages.AnswerHead`, then the body's bytes as
+the engine sends them (:meth:`EngineReplica.generate`), or the whole answer in
+one message when it is not streamed (:meth:`EngineReplica.answer`: a plain
+call costs less than a stream of one item). A cancelled call (the client left) closes the engine
+connection, which makes vLLM abort the request.
+
+Supervision: Serve's health check (:meth:`EngineReplica.check_health`) fails
+when the engine does not answer ``/health``, and Serve replaces the replica;
+the engine's reaper kills the engine when the replica's process dies, even by
+SIGKILL, so an engine never outlives its replica.
+
+Why a process, not vLLM's ``AsyncLLM`` inside the replica: the engine process
+is what ``autellix serve`` runs and tests, with its scheduler, middleware and
+plugins wired by vLLM's own server; in-process, the replica would have to
+rebuild that wiring. The cost is one loopback HTTP hop per call.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from autellix_vllm.engine.launcher import EngineConfig, EngineProcess
+from autellix_vllm.ray_serve._ray_adapter import this_replica_name
+from autellix_vllm.ray_serve.messages import AnswerHead, EngineCall
+
+# Failures of the engine connection: before the answer's head, nothing was done.
+_ENGINE_FAILURES = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+_PASSED_BACK_HEADERS = ("Content-Type", "X-Request-Id")
+ENGINE_START_TIMEOUT_S = 600.0
+HEALTH_TIMEOUT_S = 5.0
+
+
+class EngineReplica:
+    """Serve deployment class (``app``): ``engine`` holds :class:`EngineConfig` fields."""
+
+    def __init__(self, engine: dict[str, Any]) -> None:
+        self.key = secrets.token_urlsafe(24)
+        config = EngineConfig(**{**engine, "port": 0, "host": "127.0.0.1", "api_key": self.key})
+        self.name = this_replica_name()
+        self.process = EngineProcess(config)
+        self.process.start()
+        try:
+            self.process.wait_healthy(ENGINE_START_TIMEOUT_S)
+        except Exception:
+            self.process.stop()
+            raise
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made on the replica's event loop, at first use
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
+                auto_decompress=False,
+                headers={"Authorization": f"Bearer {self.key}"},
+            )
+        return self._session
+
+    async def answer(self, call: EngineCall) -> AnswerHead:
+        """The engine's whole answer to a call that is not streamed (one message back)."""
+        upstream = await self._post(call)
+        if upstream is None:
+            return AnswerHead(502, {}, self.name, call.route, engine_failed=True)
+        try:
+            body = await upstream.read()
+        finally:
+            upstream.release()
+        return AnswerHead(upstream.status, _passed_back(upstream), self.name, call.route, body)
+
+    async def generate(self, call: EngineCall) -> AsyncIterator[AnswerHead | bytes]:
+        """The engine's answer to a streamed call: its head, then the stream's bytes
+        as the engine sends them (an error answer comes whole in the head)."""
+        upstream = await self._post(call)
+        if upstream is None:
+            yield AnswerHead(502, {}, self.name, call.route, engine_failed=True)
+            return
+        try:
+            if upstream.status != 200:
+                body = await upstream.read()
+                yield AnswerHead(
+                    upstream.status, _passed_back(upstream), self.name, call.route, body
+                )
+                return
+            yield AnswerHead(upstream.status, _passed_back(upstream), self.name, call.route)
+            async for chunk in upstream.content.iter_any():
+                yield chunk
+        finally:
+            upstream.release()  # closes the connection if unread: the engine aborts
+
+    async def _post(self, call: EngineCall) -> aiohttp.ClientResponse | None:
+        """Send ``call`` to the engine; None if it could not take it (nothing was done)."""
+        try:
+            return await self._client().post(
+                self.process.base_url + call.path, data=call.raw, headers=call.headers
+            )
+        except _ENGINE_FAILURES:
+            return None
+
+    async def models(self) -> list[dict[str, Any]]:
+        """The engine's ``/v1/models`` entries."""
+        async with self._client().get(self.process.base_url + "/v1/models") as answer:
+            answer.raise_for_status()
+            return (await answer.json())["data"]
+
+    async def check_health(self) -> None:
+        """Serve's health check: raises when the engine does not answer ``/health``."""
+        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+        async with self._client().get(self.process.base_url + "/health", timeout=timeout) as answer:
+            if answer.status != 200:
+                raise RuntimeError(f"the engine's /health answered {answer.status}")
+
+    def __del__(self) -> None:
+        # Serve calls this when it stops the replica; the reaper covers a crash.
+        process = getattr(self, "process", None)
+        if process is not None:
+            process.stop()
+
+
+def _passed_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    return {h: upstream.headers[h] for h in _PASSED_BACK_HEADERS if h in upstream.headers}

@@ -1,0 +1,390 @@
+"""The OpenAI-compatible front on Ray Serve: session API, calls, keys, the router's errors.
+
+Routes (as ``router.routes``): ``POST /v1/chat/completions``,
+``/v1/completions``, ``/v1/responses`` (streamed or not, tool calls as the
+engine answers them), ``GET /v1/models``, ``POST /autellix/v1/programs``,
+``GET /autellix/v1/programs``, ``DELETE /autellix/v1/programs/{id}`` and
+``GET /health``. Every error is the router's JSON body and code, with the
+router's pieces doing the checking: keys (``router.keys``), reading a call
+(``router.calls.read_call``), the process table's refusals
+(``router.programs``, through the directory), service from usage
+(``router.usage``).
+
+Per call: the directory admits it (one round trip, carrying the reports of
+calls that ended since the last one), the call goes to an engine replica
+through the engines' handle (the program-aware request router places it), and
+how it ended is queued for the directory. The engine is told the identity
+the ingress accepted and the program's service over all replicas, never a
+client's scheduling fields (``read_call`` strips them).
+
+Failover: a call whose replica died, or whose engine could not take it,
+before any byte reached the client, is sent again (same body and call id) to
+another replica, up to ``max_attempts`` tries: a whole answer is collected
+before it is relayed, so only a stream can break after its start, and it
+then ends with the router's ``engine_failed_mid_stream`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from autellix_vllm.policy.config import ServiceMeter
+from autellix_vllm.protocol import (
+    GENERATION_PATHS,
+    INVALID_KEY_CODE,
+    KEY_TO_HEADER,
+    PROGRAMS_PATH,
+    CallIdentity,
+    IdentityError,
+    error_body,
+    normalized_error,
+    status_error_code,
+    validate_id,
+)
+from autellix_vllm.ray_serve._ray_adapter import REPLICA_FAILURES, DeploymentHandle
+from autellix_vllm.ray_serve.messages import (
+    Admission,
+    AnswerHead,
+    Arrival,
+    CallReport,
+    EngineCall,
+    Refusal,
+    ReportBatch,
+)
+from autellix_vllm.router.calls import Call, parse_json_object, read_call
+from autellix_vllm.router.config import DEFAULT_MAX_BODY_BYTES
+from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing, load_api_keys
+from autellix_vllm.router.routes import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    program_name,
+    query_int,
+)
+from autellix_vllm.router.usage import SseRelay, service_from_body
+
+log = logging.getLogger("autellix.ray_serve")
+
+
+@dataclass(frozen=True)
+class IngressSettings:
+    """How the ingress answers (the router's options of the same names)."""
+
+    chars_per_token: float = 4.0
+    max_attempts: int = 3
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Reports of ended calls wait at most this long for an admission to carry them.
+    report_interval_s: float = 0.05
+    api_key: str | None = None
+    api_keys_file: str | None = None
+    admin_key: str | None = None
+
+    def key_ring(self) -> KeyRing:
+        named = load_api_keys(self.api_keys_file) if self.api_keys_file else None
+        return KeyRing.build(self.api_key, named, self.admin_key)
+
+
+class _Chunks:
+    """What :class:`SseRelay` writes to: the events to pass on, collected."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+
+    async def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def take(self) -> bytes:
+        data, self.out = b"".join(self.out), []
+        return data
+
+
+@dataclass
+class _Sent:
+    """A call's answer as it started: its head and the rest of its body."""
+
+    head: AnswerHead
+    body: Any  # a stream's rest (the replica's answer stream, after the head); None if whole
+    first: bytes  # for a stream: its first chunk; for a whole answer: all of it
+
+
+class Ingress:
+    """Serve deployment class (``app``): the HTTP front of the application."""
+
+    def __init__(
+        self, engines: DeploymentHandle, directory: DeploymentHandle, settings: IngressSettings
+    ) -> None:
+        self.engines = engines
+        self.directory = directory
+        self.settings = settings
+        self.keys = settings.key_ring()
+        self.meter = ServiceMeter()
+        self.reports = ReportBatch()
+        self._models: dict[str, dict[str, Any]] = {}
+        self._anonymous = itertools.count()
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            caller = self._caller(request)
+            return await self._route(request, caller)
+        except ApiError as error:
+            return _error_response(error)
+        except Exception:
+            log.exception("%s %r failed", request.method, request.url.path[:200])
+            return _error_response(
+                ApiError(500, "the router failed to handle the request", "internal_error")
+            )
+
+    # ---- routes --------------------------------------------------------------------
+
+    async def _route(self, request: Request, caller: Client) -> Response:
+        path, method = request.url.path, request.method
+        if path in GENERATION_PATHS and method == "POST":
+            return await self._generate(request, caller)
+        if path == "/v1/models" and method == "GET":
+            return JSONResponse({"object": "list", "data": list((await self._known()).values())})
+        if path == PROGRAMS_PATH and method == "POST":
+            return await self._open_program(request, caller)
+        if path == PROGRAMS_PATH and method == "GET":
+            return await self._list_programs(request, caller)
+        if path.startswith(PROGRAMS_PATH + "/") and method == "DELETE":
+            return await self._end_program(path[len(PROGRAMS_PATH) + 1 :], caller)
+        if path == "/health" and method == "GET":
+            return JSONResponse({"healthy": True})
+        known = (*GENERATION_PATHS, "/v1/models", PROGRAMS_PATH, "/health")
+        if path in known or path.startswith(PROGRAMS_PATH + "/"):
+            raise ApiError(405, f"{method} is not allowed on {path}", status_error_code(405))
+        raise ApiError(404, f"no such route: {method} {path}", status_error_code(404))
+
+    async def _open_program(self, request: Request, caller: Client) -> Response:
+        raw = await self._body(request)
+        body = parse_json_object(raw) if raw.strip() else {}
+        opened = await self.directory.issue.remote(program_name(body.get("name")), caller)
+        return JSONResponse(_accepted(opened))
+
+    async def _list_programs(self, request: Request, caller: Client) -> Response:
+        query = request.query_params
+        limit = query_int(query.get("limit"), "limit", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE)
+        after = query_int(query.get("after"), "after", None, 0, None)
+        page = await self.directory.page.remote(caller, after, limit, self.reports.take())
+        return JSONResponse(page)
+
+    async def _end_program(self, program_id: str, caller: Client) -> Response:
+        try:
+            validate_id(program_id, "program_id")
+        except IdentityError as error:
+            raise ApiError(400, str(error), error.code, error.param) from None
+        ended = _accepted(await self.directory.end.remote(program_id, caller, self.reports.take()))
+        # The engines drop the program's context when it has been idle for their TTL.
+        return JSONResponse({"program_id": ended["program_id"], "ended": True})
+
+    async def _generate(self, request: Request, caller: Client) -> Response:
+        self._start_flushing()
+        raw = await self._body(request)
+        call = read_call(
+            request.url.path,
+            raw,
+            request.headers,
+            await self._known(),
+            self.settings.chars_per_token,
+        )
+        admission: Admission | None = None
+        if call.program_id is not None:
+            arrival = Arrival(call.program_id, call.thread_id, call.parent_thread_id, call.call_id)
+            admission = _accepted(
+                await self.directory.admit.remote(arrival, caller, self.reports.take())
+            )
+        engine_call = EngineCall(
+            path=call.path,
+            raw=call.raw,
+            headers=_engine_headers(call, admission),
+            stream=call.stream,
+            program_key=call.program_id or f"anonymous-{next(self._anonymous)}",
+            prompt_tokens=call.prompt_tokens,
+            bound_replica=admission.bound_replica if admission else None,
+        )
+        try:
+            sent = await self._send(engine_call)
+        except BaseException:
+            self._report(call, None, None, completed=False)
+            raise
+        if call.stream and sent.head.status == 200:
+            return StreamingResponse(
+                self._relay(call, sent),
+                status_code=200,
+                headers={**sent.head.headers, "Cache-Control": "no-cache"},
+            )
+        completed = sent.head.status == 200
+        service = service_from_body(sent.first, self.meter) if completed else None
+        self._report(call, sent.head, service, completed)
+        body = sent.first
+        if sent.head.status >= 400:
+            body = json.dumps(normalized_error(sent.head.status, body)).encode()
+        return Response(
+            body, status_code=sent.head.status, media_type=sent.head.headers.get("Content-Type")
+        )
+
+    # ---- sending and relaying ----------------------------------------------------------
+
+    async def _send(self, engine_call: EngineCall) -> _Sent:
+        """Send the call to a replica, and again to another while none could answer."""
+        failed: list[str] = []
+        last = "no replica answered"
+        for _ in range(self.settings.max_attempts):
+            engine_call.avoid = tuple(failed)
+            # The session id is the program's: Ray's consistent-hash router keys on it.
+            handle = self.engines.options(session_id=engine_call.program_key)
+            stream = None
+            try:
+                if engine_call.stream:
+                    stream = handle.options(stream=True).generate.remote(engine_call)
+                    head: AnswerHead = await stream.__anext__()
+                else:
+                    head = await handle.answer.remote(engine_call)
+                if head.engine_failed:
+                    failed.append(head.replica)
+                    last = f"the engine of replica {head.replica} could not take the call"
+                    continue
+                first = head.body if head.body is not None else await anext(stream, b"")
+            except REPLICA_FAILURES as error:
+                if stream is not None:
+                    stream.cancel()
+                if engine_call.placed_on is not None:
+                    failed.append(engine_call.placed_on)
+                last = f"{type(error).__name__}: {error}"
+                log.warning("call of %s: a replica failed: %s", engine_call.program_key, last)
+                continue
+            return _Sent(head, stream, first)
+        raise ApiError(
+            502,
+            f"no engine could answer after {self.settings.max_attempts} tries; last: {last}",
+            "engine_unreachable",
+        )
+
+    async def _relay(self, call: Call, sent: _Sent) -> AsyncIterator[bytes]:
+        chunks = _Chunks()
+        relay = SseRelay(chunks, self.meter, drop_usage=call.usage_injected)  # type: ignore[arg-type]
+        completed = False
+        try:
+            await relay.feed(sent.first)
+            yield chunks.take()
+            try:
+                async for chunk in sent.body:
+                    await relay.feed(chunk)
+                    if data := chunks.take():
+                        yield data
+            except REPLICA_FAILURES as error:
+                log.warning(
+                    "replica %s broke a stream after it started: %s", sent.head.replica, error
+                )
+                await relay.finish()
+                message = f"the engine failed during the stream: {type(error).__name__}"
+                event = error_body(502, message, "engine_failed_mid_stream")
+                yield chunks.take() + b"data: " + json.dumps(event).encode() + b"\n\n"
+                return
+            await relay.finish()
+            yield chunks.take()
+            completed = True
+        finally:
+            if not completed:
+                sent.body.cancel()
+            service = relay.service_so_far(call.prompt_tokens)
+            self._report(call, sent.head, service, completed)
+
+    # ---- the directory's reports ---------------------------------------------------------
+
+    def _report(
+        self, call: Call, head: AnswerHead | None, service: float | None, completed: bool
+    ) -> None:
+        if call.program_id is None:
+            return
+        self.reports.add(
+            CallReport(
+                call.program_id,
+                call.call_id,
+                head.replica if head else None,
+                head.route if head else None,
+                service,
+                completed,
+            )
+        )
+
+    def _start_flushing(self) -> None:
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_forever(), name="autellix-reports")
+
+    async def _flush_forever(self) -> None:
+        """Send the reports no admission carried within ``report_interval_s``."""
+        while True:
+            await asyncio.sleep(self.settings.report_interval_s)
+            if self.reports:
+                reports = self.reports.take()
+                try:
+                    await self.directory.apply.remote(reports)
+                except Exception:
+                    log.exception("the directory did not take %d call reports", len(reports))
+
+    # ---- small helpers -------------------------------------------------------------------
+
+    def _caller(self, request: Request) -> Client:
+        if not self.keys.required:
+            return ANONYMOUS
+        client = self.keys.client_for(request.headers.get("Authorization"))
+        if client is None:
+            raise ApiError(
+                401, "a valid API key is needed: Authorization: Bearer <key>", INVALID_KEY_CODE
+            )
+        return client
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        raw = await request.body()
+        if len(raw) > limit:
+            message = f"the request body is larger than the limit of {limit} bytes"
+            raise ApiError(413, message, status_error_code(413))
+        return raw
+
+    async def _known(self) -> dict[str, dict[str, Any]]:
+        """The models the engines serve (asked of one replica, once: all serve the same)."""
+        if not self._models:
+            entries = await self.engines.models.remote()
+            self._models = {entry["id"]: entry for entry in entries}
+        return self._models
+
+
+def _accepted(answer: Any) -> Any:
+    """The directory's answer, or its refusal raised as the router's error."""
+    if isinstance(answer, Refusal):
+        raise ApiError(answer.status, answer.message, answer.code, answer.param)
+    return answer
+
+
+def _engine_headers(call: Call, admission: Admission | None) -> dict[str, str]:
+    """What the engine is told: the accepted identity and the program's service."""
+    prior = round(admission.service, 3) if admission and admission.service > 0 else None
+    accepted = CallIdentity(
+        program_id=call.program_id,
+        thread_id=call.thread_id,
+        parent_thread_id=call.parent_thread_id,
+        call_id=call.call_id,
+        prior_service=prior,
+        retention_ttl_s=call.retention_ttl_s,
+    )
+    headers = {KEY_TO_HEADER[key]: str(value) for key, value in accepted.as_xargs().items()}
+    headers["Content-Type"] = "application/json"
+    return headers
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    body = error_body(error.status, error.message, error.code, error.param)
+    return JSONResponse(body, status_code=error.status, headers=headers)

@@ -1,0 +1,236 @@
+"""Measurements of the Ray Serve path (results in docs/operations.md).
+
+``python -m autellix_vllm.ray_serve.measure overhead``: the latency a call sees
+through the Ray application (one tiny-model engine replica) against today's
+router (``autellix serve``, one tiny engine), both running at once, calls
+alternating between them (sequential, ``max_tokens`` 1, one program each), so
+that the machine's load weighs on both alike. Their p50 difference is what the
+Ray path adds over the router; calls without a program through the Ray path
+(no directory round trip) show the directory's share.
+
+``python -m autellix_vllm.ray_serve.measure routers``: programs whose context
+grows call by call (a unique system prompt, then each answer and a new user
+turn) on two engine replicas, under the program-aware router and Ray's
+power-of-two and consistent-hash routers in turn: per router, the prefix-cache
+hit rate (cached prompt tokens over prompt tokens, from each answer's usage),
+the replicas each program's calls ran on, and program latency (p50, max).
+
+Every process started here is stopped before it returns, also on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from autellix_vllm.ray_serve._ray_adapter import ray, serve
+from autellix_vllm.ray_serve.app import RayServeConfig, build_app
+from autellix_vllm.ray_serve.ingress import IngressSettings
+from autellix_vllm.ray_serve.launch import APP_NAME
+
+TINY = {"model": "tiny", "max_num_seqs": 4, "max_model_len": 512, "kv_cache_gib": 1}
+# The tiny model's tokenizer is character-level: one token per character.
+CHARS_PER_TOKEN = 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_cluster(num_cpus: int = 4) -> Iterator[int]:
+    """A local Ray cluster with Serve's HTTP proxy on a free port (yielded)."""
+    port = _free_port()
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield port
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def router_process(engines: int = 1) -> Iterator[str]:
+    """``autellix serve`` with ``engines`` tiny engines; its root URL."""
+    port = _free_port()
+    command = [sys.executable, "-m", "autellix_vllm", "serve", "--model", "tiny",
+               "--engines", str(engines), "--max-num-seqs", "4", "--max-model-len", "512",
+               "--chars-per-token", "1", "--port", str(port)]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"autellix serve exited with code {process.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        time.sleep(1)
+    raise RuntimeError("autellix serve did not get healthy")
+
+
+def _model(client: httpx.Client) -> str:
+    return client.get("/v1/models").json()["data"][0]["id"]
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "p50_ms": 1000 * statistics.median(ordered),
+        "p90_ms": 1000 * ordered[int(0.9 * (len(ordered) - 1))],
+        "max_ms": 1000 * ordered[-1],
+    }
+
+
+def overhead(calls: int) -> dict[str, Any]:
+    """See the module's docstring."""
+    config = RayServeConfig(
+        engine={**TINY, "engines_on_host": 2},
+        replicas=1,
+        ingress=IngressSettings(chars_per_token=CHARS_PER_TOKEN),
+    )
+    with router_process() as router_url, local_cluster() as port:
+        serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+        clients = {
+            "ray": httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60),
+            "router": httpx.Client(base_url=router_url, timeout=60),
+            # Calls without a program skip the directory: its share of the difference.
+            "ray_without_program": httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60),
+        }
+        latencies: dict[str, list[float]] = {name: [] for name in clients}
+        bodies: dict[str, dict[str, Any]] = {}
+        for name, client in clients.items():
+            if name != "ray_without_program":
+                pid = client.post("/autellix/v1/programs").json()["program_id"]
+                client.headers["X-Autellix-Program-Id"] = pid
+            bodies[name] = {"model": _model(client), "max_tokens": 1,
+                            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+            for _ in range(5):  # warm-up: connections, caches
+                client.post("/v1/chat/completions", json=bodies[name]).raise_for_status()
+        for _ in range(calls):
+            for name, client in clients.items():
+                started = time.perf_counter()
+                answer = client.post("/v1/chat/completions", json=bodies[name])
+                latencies[name].append(time.perf_counter() - started)
+                answer.raise_for_status()
+        for client in clients.values():
+            client.close()
+    result = {name: _percentiles(values) for name, values in latencies.items()}
+    result["ray_minus_router_p50_ms"] = result["ray"]["p50_ms"] - result["router"]["p50_ms"]
+    result["calls_each"] = calls
+    return result
+
+
+def _run_program(base_url: str, model: str, index: int, calls: int) -> dict[str, Any]:
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        pid = client.post("/autellix/v1/programs").json()["program_id"]
+        system = f"program {index}: " + "".join(chr(97 + (index * 7 + i) % 26) for i in range(180))
+        messages = [{"role": "system", "content": system}]
+        prompt = cached = 0
+        started = time.perf_counter()
+        for call in range(calls):
+            messages.append({"role": "user", "content": f"step {call}: go on"})
+            answer = client.post(
+                "/v1/chat/completions",
+                json={"model": model, "messages": messages, "max_tokens": 12},
+                headers={"X-Autellix-Program-Id": pid, "X-Autellix-Call-Id": f"c{call}"},
+            )
+            answer.raise_for_status()
+            data = answer.json()
+            usage = data["usage"]
+            prompt += usage["prompt_tokens"]
+            cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            messages.append(
+                {"role": "assistant", "content": data["choices"][0]["message"]["content"] or ""}
+            )
+        latency = time.perf_counter() - started
+        time.sleep(0.3)  # the last report reaches the directory
+        rows = client.get("/autellix/v1/programs", params={"limit": 1000}).json()["programs"]
+        row = next(r for r in rows if r["program_id"] == pid)
+        return {"latency_s": latency, "prompt": prompt, "cached": cached,
+                "replicas": len(row["engines"])}  # fmt: skip
+
+
+def routers(programs: int, calls: int, names: list[str]) -> dict[str, Any]:
+    """See the module's docstring."""
+    results: dict[str, Any] = {}
+    with local_cluster() as port:
+        base_url = f"http://127.0.0.1:{port}"
+        for name in names:
+            config = RayServeConfig(
+                engine={**TINY, "engines_on_host": 2,
+                        "extra_args": ["--enable-prompt-tokens-details"]},
+                replicas=2,
+                router=name,
+                locality_threshold=64,
+                ingress=IngressSettings(chars_per_token=CHARS_PER_TOKEN),
+            )  # fmt: skip
+            serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+            with httpx.Client(base_url=base_url, timeout=60) as client:
+                model = _model(client)
+            with concurrent.futures.ThreadPoolExecutor(programs) as pool:
+                futures = [
+                    pool.submit(_run_program, base_url, model, i, calls) for i in range(programs)
+                ]
+                runs = [future.result() for future in futures]
+            serve.delete(APP_NAME)
+            latencies = [r["latency_s"] for r in runs]
+            results[name] = {
+                "prefix_hit_rate": sum(r["cached"] for r in runs) / sum(r["prompt"] for r in runs),
+                "programs_on_one_replica": sum(r["replicas"] == 1 for r in runs),
+                "program_latency_p50_s": statistics.median(latencies),
+                "program_latency_max_s": max(latencies),
+            }
+    results["programs"], results["calls_per_program"] = programs, calls
+    return results
+
+
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = made.add_subparsers(dest="what", required=True)
+    sub.add_parser("overhead").add_argument("--calls", type=int, default=200)
+    routed = sub.add_parser("routers")
+    routed.add_argument("--programs", type=int, default=8)
+    routed.add_argument("--calls", type=int, default=6)
+    routed.add_argument("--routers", default="autellix,pow2,consistent-hash")
+    return made
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.what == "overhead":
+        result = overhead(args.calls)
+    else:
+        result = routers(args.programs, args.calls, args.routers.split(","))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The Ray Serve application end to end: a local Ray cluster, two tiny-model engine
+replicas, two ingress replicas, the directory and the program-aware router; then one
+replica killed while programs run. Starts and stops everything itself (a few
+minutes on two cores: most of it is the two engines starting)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import time
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("vllm")
+
+from autellix_vllm.ray_serve.app import RayServeConfig, build_app  # noqa: E402
+from ray import serve  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+APP = "autellix"
+ENGINE = {"model": "tiny", "max_num_seqs": 4, "max_model_len": 512, "kv_cache_gib": 1,
+          "engines_on_host": 2}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    port = free_port()
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        # Threshold 0: every call is long, so every program binds (sticky). Two
+        # ingress replicas: a program's calls enter through either (Serve's proxy
+        # picks), so the table and the bindings they share are the directory's.
+        config = RayServeConfig(engine=ENGINE, replicas=2, ingress_replicas=2, locality_threshold=0)
+        serve.run(build_app(config), name=APP, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def http(base_url):
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def model(http) -> str:
+    return http.get("/v1/models").json()["data"][0]["id"]
+
+
+def chat(http, model, program_id, call_id, stream=False, max_tokens=8):
+    body = {"model": model, "messages": [{"role": "user", "content": f"hello {call_id}"}],
+            "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+    headers = {"X-Autellix-Program-Id": program_id, "X-Autellix-Call-Id": call_id}
+    return http.post("/v1/chat/completions", json=body, headers=headers)
+
+
+def program(http, pid) -> dict:
+    rows = http.get("/autellix/v1/programs", params={"limit": 1000}).json()["programs"]
+    return next(row for row in rows if row["program_id"] == pid)
+
+
+def settled(http, pid, calls) -> dict:
+    """The program's row once the reports of its ``calls`` have reached the directory."""
+    deadline = time.monotonic() + 10
+    while True:
+        row = program(http, pid)
+        if row["calls_completed"] + row["calls_failed"] >= calls or time.monotonic() > deadline:
+            return row
+        time.sleep(0.1)
+
+
+def test_a_programs_calls_stick_to_one_replica_and_its_service_adds_up(http, model):
+    pid = http.post("/autellix/v1/programs", json={"name": "ray-test"}).json()["program_id"]
+    for i in range(6):
+        answer = chat(http, model, pid, f"c{i}")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"] is not None
+    row = settled(http, pid, 6)
+    assert row["calls_completed"] == 6 and len(row["engines"]) == 1, row
+    assert row["engine"] in row["engines"] and row["service"] > 0
+
+
+def test_a_stream_is_relayed_with_its_events_and_done(http, model):
+    pid = http.post("/autellix/v1/programs").json()["program_id"]
+    answer = chat(http, model, pid, "s1", stream=True)
+    assert answer.status_code == 200
+    events = [line for line in answer.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) >= 2
+    # The usage chunk the ingress asked for is not passed on.
+    assert all('"usage"' not in e or '"choices":[{' in e for e in events[:-1])
+    assert settled(http, pid, 1)["calls_completed"] == 1
+
+
+def test_errors_are_the_routers_bodies(http, model):
+    unknown = http.post("/v1/chat/completions", json={"model": "nope", "messages": []})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    pid = http.post("/autellix/v1/programs").json()["program_id"]
+    assert http.delete(f"/autellix/v1/programs/{pid}").json() == {"program_id": pid, "ended": True}
+    late = chat(http, model, pid, "late")
+    assert late.status_code == 404 and late.json()["error"]["code"] == "program_ended"
+    assert http.get("/nowhere").json()["error"]["code"] == "not_found"
+    bad_page = http.get("/autellix/v1/programs", params={"limit": 0})
+    assert bad_page.status_code == 400 and bad_page.json()["error"]["param"] == "limit"
+    broken = http.post("/v1/chat/completions", content=b"{", headers={"Content-Type": "x"})
+    assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+
+
+def test_killing_a_replica_mid_run_loses_no_program(http, model):
+    programs = [http.post("/autellix/v1/programs").json()["program_id"] for _ in range(4)]
+    for pid in programs:
+        assert chat(http, model, pid, "c0").status_code == 200
+    bound = {pid: settled(http, pid, 1)["engine"] for pid in programs}
+    victim = max(set(bound.values()), key=list(bound.values()).count)
+
+    def run(pid: str) -> list[int]:
+        return [chat(http, model, pid, f"c{i}", max_tokens=16).status_code for i in range(1, 6)]
+
+    with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
+        runs = {pid: pool.submit(run, pid) for pid in programs}
+        time.sleep(1.0)
+        replica = next(
+            a for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].endswith(victim) and "EngineReplica" in a["name"]
+        )  # fmt: skip
+        ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]))
+        statuses = {pid: future.result() for pid, future in runs.items()}
+    assert all(s == [200] * 5 for s in statuses.values()), statuses
+    moved = [pid for pid in programs if bound[pid] == victim]
+    for pid in moved:
+        row = settled(http, pid, 6)
+        assert row["calls_completed"] == 6 and row["engine"] != victim, row
