@@ -43,23 +43,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     # README.md
     "make demo": (PARSE, _ENGINE),
     "make test": (PARSE, "the whole test suite"),
-    'make serve ARGS="--model tiny"': (PARSE, _ENGINE),
-    'make react ARGS="--agents 4"': (PARSE, _SERVER),
-    "make mcts": (PARSE, _SERVER),
-    "make ps": (PARSE, "runs from .venv (make's own); autellix ps runs below"),
-    "python examples/react_agent.py --agents 4 --base-url http://127.0.0.1:8000/v1": (
-        PARSE, _SERVER),
-    'python examples/mcts_agent.py --base-url https://api.openai.com/v1 --model gpt-4o-mini'
-    ' --api-key "$OPENAI_API_KEY" --puzzle "3 3 8 8"': (PARSE, "needs an OpenAI key"),
     "autellix serve": (PARSE, _ENGINE),
     "autellix serve --model tiny": (PARSE, _ENGINE),
-    "autellix serve --model /models/llama-3.1-8b": (PARSE, _GPU),
     "autellix serve --model /models/llama-70b --engines 2 --tensor-parallel-size 4": (PARSE, _GPU),
     "autellix serve --engines 2 -- --max-num-batched-tokens 2048": (PARSE, _ENGINE),
-    "autellix ps": (RUN, "PROGRAM"),
-    "autellix engine --model /models/llama-3.1-8b": (PARSE, _GPU),
-    "autellix --help": (RUN, "simulate"),
-    "autellix simulate sweep --help": (RUN, "(default: vllm-opt,autellix)"),
     # docs/benchmarks.md
     "cat > figure2.jsonl <<'EOF'": (RUN, ""),
     "autellix simulate run --trace figure2.jsonl --preset unit --max-num-seqs 2 --policy vllm"

@@ -4,10 +4,10 @@ import pickle
 
 from autellix_vllm.policy.config import ProgramLimits
 from autellix_vllm.policy.routing import Route
+from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.ray_serve.directory import ProgramDirectory
 from autellix_vllm.ray_serve.messages import (
     Admission,
-    Arrival,
     CallReport,
     Refusal,
     ReportBatch,
@@ -27,12 +27,12 @@ def report(program_id, call_id, service, replica="r1", route=BINDS, completed=Tr
 def test_service_reported_by_one_ingress_is_the_prior_service_another_ingress_gets():
     directory = ProgramDirectory()
     pid = directory.issue("agent", ALICE)["program_id"]
-    first = directory.admit(Arrival(pid, call_id="c1"), ALICE)
+    first = directory.admit(CallIdentity(pid, call_id="c1"), ALICE)
     assert first == Admission(service=0.0, bound_replica=None)
     # Ingress A's batch travels with ingress B's next admission of any program.
     batch = ReportBatch()
     batch.add(report(pid, "c1", 120.0, replica="r2"))
-    second = directory.admit(Arrival(pid, call_id="c2"), ALICE, batch.take())
+    second = directory.admit(CallIdentity(pid, call_id="c2"), ALICE, batch.take())
     assert second == Admission(service=120.0, bound_replica="r2")
     assert len(batch) == 0
 
@@ -41,11 +41,11 @@ def test_reports_apply_in_order_and_a_route_that_does_not_bind_leaves_the_bindin
     directory = ProgramDirectory()
     pid = directory.issue(None, ALICE)["program_id"]
     for call in ("c1", "c2"):
-        directory.admit(Arrival(pid, call_id=call), ALICE)
+        directory.admit(CallIdentity(pid, call_id=call), ALICE)
     directory.apply(
         [report(pid, "c1", 10.0, "r1"), report(pid, "c2", 5.0, "r2", Route(1, "least-loaded"))]
     )
-    admission = directory.admit(Arrival(pid, call_id="c3"), ALICE)
+    admission = directory.admit(CallIdentity(pid, call_id="c3"), ALICE)
     assert admission == Admission(service=15.0, bound_replica="r1")
     row = directory.page(ALICE, None, 10)["programs"][0]
     assert row["engines"] == {"r1": 1, "r2": 1} and row["calls_active"] == 1
@@ -54,28 +54,28 @@ def test_reports_apply_in_order_and_a_route_that_does_not_bind_leaves_the_bindin
 def test_the_prior_service_is_clamped_to_the_limit():
     directory = ProgramDirectory(limits=ProgramLimits(max_prior_service=50.0))
     pid = directory.issue(None, ALICE)["program_id"]
-    directory.admit(Arrival(pid, call_id="c1"), ALICE, [])
+    directory.admit(CallIdentity(pid, call_id="c1"), ALICE, [])
     directory.apply([report(pid, "c1", 80.0)])
-    assert directory.admit(Arrival(pid, call_id="c2"), ALICE).service == 50.0
+    assert directory.admit(CallIdentity(pid, call_id="c2"), ALICE).service == 50.0
 
 
 def test_refusals_are_the_routers_own_as_data():
     directory = ProgramDirectory(max_programs_per_owner=1)
     pid = directory.issue(None, ALICE)["program_id"]
-    assert directory.admit(Arrival(pid), BOB) == Refusal(
+    assert directory.admit(CallIdentity(pid), BOB) == Refusal(
         404, f"no program {pid!r}", "program_not_found", "X-Autellix-Program-Id"
     )
     full = directory.issue(None, ALICE)
     assert isinstance(full, Refusal) and (full.status, full.code) == (429, "too_many_programs")
-    directory.admit(Arrival(pid, call_id="c1"), ALICE)
-    reused = directory.admit(Arrival(pid, call_id="c1"), ALICE)
+    directory.admit(CallIdentity(pid, call_id="c1"), ALICE)
+    reused = directory.admit(CallIdentity(pid, call_id="c1"), ALICE)
     assert isinstance(reused, Refusal) and reused.code == "call_id_reused"
     assert directory.end(pid, BOB) == Refusal(
         404, f"no program {pid!r}", "program_not_found", "program_id"
     )
     ended = directory.end(pid, ALICE)
     assert ended["ended"] and ended["replicas"] == []
-    late = directory.admit(Arrival(pid), ALICE)
+    late = directory.admit(CallIdentity(pid), ALICE)
     assert isinstance(late, Refusal) and late.code == "program_ended"
     # Refusals cross process boundaries (Ray pickles them).
     assert pickle.loads(pickle.dumps(late)) == late
@@ -84,7 +84,7 @@ def test_refusals_are_the_routers_own_as_data():
 def test_a_report_after_its_program_ended_changes_nothing():
     directory = ProgramDirectory()
     pid = directory.issue(None, ANONYMOUS)["program_id"]
-    directory.admit(Arrival(pid, call_id="c1"), ANONYMOUS)
+    directory.admit(CallIdentity(pid, call_id="c1"), ANONYMOUS)
     directory.end(pid, ANONYMOUS)
     directory.apply([report(pid, "c1", 3.0)])
     assert directory.page(ANONYMOUS, None, 10)["total"] == 0

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import difflib
 import inspect
+import re
 import types
 from typing import Any
 
 import pytest
+from doc_code import ROOT
 
 pytestmark = pytest.mark.engine
 
@@ -196,3 +198,28 @@ async def test_migrated_agent_is_one_program_with_a_thread_per_subtask(
     assert program.name == "agent" and program.issued
     assert (len(program.threads), program.calls_completed) == (THREADS, CALLS)
     assert program.calls_failed == 0
+
+
+def readme_agent() -> str:
+    """The README's migrated agent, the Python block that uses ``@program``."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    [agent] = [block for block in blocks if "@program" in block]
+    return agent
+
+
+async def test_the_readme_agent_runs_as_shown(
+    engine: Any, start_router: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's snippet, with the test router's URL and the engine's model for
+    the README's, is one program with a main thread and three children."""
+    source = readme_agent()
+    assert 'base_url="http://127.0.0.1:8000/v1"' in source  # what autellix serve prints
+    async with start_router([engine.base_url]) as router:
+        ended = programs_at_their_end(router, monkeypatch)
+        runnable = source.replace("http://127.0.0.1:8000/v1", router.url + "/v1").replace(
+            '"SmolLM2-135M-Instruct"', repr(engine.served_model_name)
+        )
+        await asyncio.to_thread(exec, compile(runnable, "README.md", "exec"), {})
+    [program] = ended
+    assert program.name == "agent"
+    assert (len(program.threads), program.calls_completed) == (THREADS, CALLS)

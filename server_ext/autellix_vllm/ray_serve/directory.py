@@ -31,7 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
-from autellix_vllm.ray_serve.messages import Admission, Arrival, CallReport, Refusal
+from autellix_vllm.protocol.identity import CallIdentity
+from autellix_vllm.ray_serve.messages import Admission, CallReport, Refusal
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import Client
 from autellix_vllm.router.programs import ProgramTable
@@ -73,18 +74,12 @@ class ProgramDirectory:
         return {"program_id": record.program_id, "name": record.name, "created": record.created_s}
 
     def admit(
-        self, arrival: Arrival, caller: Client, reports: list[CallReport] | None = None
+        self, identity: CallIdentity, caller: Client, reports: list[CallReport] | None = None
     ) -> Admission | Refusal:
         """Apply ``reports``, then let a call in (counting it as active) or refuse it."""
         self.apply(reports or [])
         try:
-            record = self.table.call_arrived(
-                arrival.program_id,
-                arrival.thread_id,
-                parent_thread_id=arrival.parent_thread_id,
-                call_id=arrival.call_id,
-                caller=caller,
-            )
+            record = self.table.call_arrived(identity, caller)
         except ApiError as error:
             return _refusal(error)
         service = min(record.service, self.limits.max_prior_service)

@@ -31,30 +31,21 @@ import itertools
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from autellix_vllm.policy.config import ServiceMeter
-from autellix_vllm.protocol import (
-    GENERATION_PATHS,
-    INVALID_KEY_CODE,
-    KEY_TO_HEADER,
-    PROGRAMS_PATH,
-    CallIdentity,
-    IdentityError,
-    error_body,
-    normalized_error,
-    status_error_code,
-    validate_id,
-)
+from autellix_vllm.protocol.bearer import INVALID_KEY_CODE
+from autellix_vllm.protocol.identity import IdentityError, validate_id
+from autellix_vllm.protocol.openai_errors import error_body, normalized_error, status_error_code
+from autellix_vllm.protocol.paths import GENERATION_PATHS, PROGRAMS_PATH
 from autellix_vllm.ray_serve._ray_adapter import REPLICA_FAILURES, DeploymentHandle
 from autellix_vllm.ray_serve.messages import (
     Admission,
     AnswerHead,
-    Arrival,
     CallReport,
     EngineCall,
     Refusal,
@@ -198,8 +189,8 @@ class Ingress:
             self.settings.chars_per_token,
         )
         admission: Admission | None = None
-        if call.program_id is not None:
-            arrival = Arrival(call.program_id, call.thread_id, call.parent_thread_id, call.call_id)
+        if call.identity.program_id is not None:
+            arrival = call.identity
             admission = _accepted(
                 await self.directory.admit.remote(arrival, caller, self.reports.take())
             )
@@ -208,7 +199,7 @@ class Ingress:
             raw=call.raw,
             headers=_engine_headers(call, admission),
             stream=call.stream,
-            program_key=call.program_id or f"anonymous-{next(self._anonymous)}",
+            program_key=call.identity.program_id or f"anonymous-{next(self._anonymous)}",
             prompt_tokens=call.prompt_tokens,
             bound_replica=admission.bound_replica if admission else None,
         )
@@ -305,12 +296,12 @@ class Ingress:
     def _report(
         self, call: Call, head: AnswerHead | None, service: float | None, completed: bool
     ) -> None:
-        if call.program_id is None:
+        if call.identity.program_id is None:
             return
         self.reports.add(
             CallReport(
-                call.program_id,
-                call.call_id,
+                call.identity.program_id,
+                call.identity.call_id,
                 head.replica if head else None,
                 head.route if head else None,
                 service,
@@ -371,15 +362,7 @@ def _accepted(answer: Any) -> Any:
 def _engine_headers(call: Call, admission: Admission | None) -> dict[str, str]:
     """What the engine is told: the accepted identity and the program's service."""
     prior = round(admission.service, 3) if admission and admission.service > 0 else None
-    accepted = CallIdentity(
-        program_id=call.program_id,
-        thread_id=call.thread_id,
-        parent_thread_id=call.parent_thread_id,
-        call_id=call.call_id,
-        prior_service=prior,
-        retention_ttl_s=call.retention_ttl_s,
-    )
-    headers = {KEY_TO_HEADER[key]: str(value) for key, value in accepted.as_xargs().items()}
+    headers = replace(call.identity, prior_service=prior).as_headers()
     headers["Content-Type"] = "application/json"
     return headers
 

@@ -51,16 +51,6 @@ class AnswerHead:
 
 
 @dataclass(frozen=True)
-class Arrival:
-    """A call's identity, for the directory's checks (``ProgramTable.call_arrived``)."""
-
-    program_id: str
-    thread_id: str | None = None
-    parent_thread_id: str | None = None
-    call_id: str | None = None
-
-
-@dataclass(frozen=True)
 class Admission:
     """The directory let a call in: the program's service over every replica
     (for ``X-Autellix-Prior-Service``) and the replica it is bound to, if any."""

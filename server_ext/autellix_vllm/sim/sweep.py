@@ -244,6 +244,9 @@ def plot(curves: list[Curve], slo: float, title: str, path: str) -> None:
     ax.set_xlabel("arrival rate (programs/s)")
     ax.set_ylabel("avg latency per token (s)")
     ax.set_ylim(0, slo * 2.5)
+    # Past the highest max rate the search only brackets: its points would squeeze
+    # the curves into the left of the plot.
+    ax.set_xlim(0, 1.5 * max((c.max_rate for c in curves), default=0.0) or None)
     ax.text(0.01, 0.99, "^ stopped early: latency at least this", transform=ax.transAxes,
             fontsize=7, verticalalignment="top")  # fmt: skip
     ax.set_title(title)
