@@ -40,6 +40,14 @@ _VLLM_MINUTE = "imports vLLM: a minute here"
 # Every documented command, comments left out, by its text: how it is checked, and
 # why it is not run (PARSE, FORM) or what its output must hold (RUN).
 DOC_COMMANDS: dict[str, tuple[str, str]] = {
+    # docs/benchmarks.md
+    "autellix simulate matrix --seed 10": (PARSE, "hours on 2 cores"),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --seed 10 --policies"
+    " vllm-opt,plas-atlas,autellix --plot docs/img/agent-sessions.png": (PARSE, _SWEEP),
+    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --json": (PARSE, _ENGINE),
+    "autellix simulate bench-policy --policy plas-atlas --json": (RUN, "median_ms_per_step"),
+    "autellix bench router-overhead --seconds 5 --json": (PARSE, "times the router: a minute"),
     # README.md
     "make demo": (PARSE, _ENGINE),
     "make test": (PARSE, "the whole test suite"),
@@ -54,59 +62,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix simulate run --trace figure2.jsonl --preset unit --max-num-seqs 2 --policy plas"
     " --levels $(seq -s, 0 63) --beta 1e9 --prefill-weight 0 --json": (RUN, '"total_wait": 12.0'),
     "autellix simulate bench-policy --json": (RUN, "median_ms_per_step"),
-    "autellix simulate sweep --workload W --policies vllm-opt,vllm,mlfq,autellix,srpt --json"
-    " --plot docs/img/sweep-W.png": (FORM, _SWEEP),
-    "autellix simulate sweep --workload mixed --seed $s --beta $b --policies"
-    " vllm-opt,mlfq,autellix --json": (FORM, _SWEEP),
-    "autellix simulate run --workload W --policy P --rate 0.8*R --programs 0.8*R*duration"
-    " --json": (FORM, "R is a max rate from the table above"),
-    "autellix simulate sweep --workload sharegpt --policies autellix --engines 4 --lb"
-    " round-robin,locality --json --plot docs/img/sweep-sharegpt-4engines.png": (PARSE, _SWEEP),
-    "autellix bench engine --model tiny --max-num-seqs 2 --quick --json": (PARSE, _ENGINE),
-    "autellix bench engine --model tiny --max-num-seqs 2 --json": (PARSE, _ENGINE),
-    "autellix bench engine --quick --schedulers vllm,autellix --json": (PARSE, _ENGINE),
-    "autellix bench engine --quick --schedulers vllm,vllm --json": (PARSE, _ENGINE),
-    "autellix bench fidelity --quick --json": (PARSE, "starts two engines: about 6 minutes"),
-    "autellix bench fidelity --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
-    " --kv-blocks 96 --policy autellix-kv --json": (PARSE, "starts two engines: about 6 minutes"),
-    "autellix bench scheduler --json": (PARSE, _VLLM_MINUTE),
-    "autellix bench router-overhead --json": (PARSE, "a benchmark of 20 s and more"),
-    "autellix bench router --json": (PARSE, _ENGINE),
-    "autellix bench router --json -- --num-gpu-blocks-override 64": (PARSE, _ENGINE),
-    "autellix bench sdk --json --calls 3000": (PARSE, "a benchmark of a minute"),
-    "autellix bench soak --minutes 10 --json": (PARSE, "starts two engines, then 10 minutes"),
-    'rm -rf /tmp/c && time AUTELLIX_CACHE=/tmp/c python -c "from autellix_vllm.engine.models'
-    ' import ensure_smollm2; ensure_smollm2()"': (PARSE, "converts the model: 15 s and 260 MiB"),
-    "du -sm /tmp/c/smollm2-*": (PARSE, "reads what the step above wrote"),
-    'M=$(python -c "from autellix_vllm.engine.models import ensure_smollm2;'
-    ' print(ensure_smollm2())")': (PARSE, "converts the model when not cached"),
-    "autellix engine --model $M --served-model-name smollm2 --port 8000 -- --dtype bfloat16 &": (
-        PARSE, _ENGINE),
-    "python - <<'PY'": (PARSE, "a script: an engine's measurement or a patched simulation"),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --policies"
     " vllm-opt,mlfq,autellix,srpt --workers 1 --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 202"
     " --policies vllm-opt,mlfq,autellix,srpt --workers 1 --json": (PARSE, _SWEEP),
-    "autellix simulate sweep --workload W --preset a100-llama8b-kv --policies"
-    " vllm-opt,vllm,mlfq,autellix,srpt --workers 1 --json": (FORM, _SWEEP),
-    "AUTELLIX_POLICY=autellix-kv autellix bench scheduler --json": (PARSE, _VLLM_MINUTE),
-    "AUTELLIX_POLICY=autellix autellix bench scheduler --json": (PARSE, _VLLM_MINUTE),
-    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --policies"
-    " vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
-    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 202"
-    " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
-    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --no-program-end"
-    " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
-    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --retention-hints"
-    " --policies vllm-opt,autellix-kv --workers 1 --json": (PARSE, _SWEEP),
-    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --no-program-end"
-    " --retention-hints --policies vllm-opt,autellix-kv --workers 1 --json": (PARSE, _SWEEP),
-    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --engines 4 --lb locality"
-    " --policies vllm-opt,autellix-kv --json": (PARSE, _SWEEP),
-    "autellix simulate sweep --workload W [--seed $s] --policies vllm-opt,autellix-kv --json": (
-        FORM, _SWEEP),
-    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
-    " --kv-blocks 96 --policy autellix-kv --schedulers fcfs,autellix --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
     " --kv-blocks 96 --schedulers fcfs,fcfs --json": (PARSE, _ENGINE),
     # docs/frameworks.md
