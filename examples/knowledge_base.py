@@ -84,6 +84,12 @@ class KnowledgeBase:
         best = BM25Index(sentences).top(question, k=1)
         return sentences[best[0][0]] if best else sentences[0]
 
+    def not_found(self, title: str) -> str:
+        """What a lookup of a title no passage has says: the titles that come close."""
+        similar = self.similar_titles(title)
+        hint = f"; similar titles: {', '.join(similar)}" if similar else ""
+        return f"no passage titled {title.strip()!r}{hint}"
+
     def similar_titles(self, title: str, n: int = 3) -> list[str]:
         keys = difflib.get_close_matches(_title_key(title), self._by_title, n=n, cutoff=0.5)
         return [self._by_title[key].title for key in keys]

@@ -132,9 +132,7 @@ class Toolbox:
         passage = self.knowledge.lookup(title)
         if passage is not None:
             return f"{passage.title}: {self.knowledge.best_sentence(passage, self.question)}"
-        similar = self.knowledge.similar_titles(title)
-        hint = f"; similar titles: {', '.join(similar)}" if similar else ""
-        return f"no passage titled {title.strip()!r}{hint}"
+        return self.knowledge.not_found(title)
 
 
 def answer_options(steps: list[Step]) -> list[str]:

@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 import autellix
 from _common import Endpoint, ProgramReport, example_parser, positive_int, run_programs, shorten
 from knowledge_base import KnowledgeBase, Passage, Question, load_questions
-from react_agent import Toolbox
 
 log = logging.getLogger("examples.research")
 
@@ -44,7 +43,6 @@ NO_NOTE = "(nothing)"
 NO_ANSWER = "(no answer)"
 
 KNOWLEDGE = KnowledgeBase.load()
-_TOOLS = Toolbox(KNOWLEDGE)
 
 
 def lookup(title: str) -> str:
@@ -52,7 +50,8 @@ def lookup(title: str) -> str:
 
     The readers' tool: text in, text out, never raising, whatever the model asks.
     """
-    return _TOOLS.lookup(title)
+    passage = KNOWLEDGE.lookup(title)
+    return f"{passage.title}: {passage.text}" if passage is not None else KNOWLEDGE.not_found(title)
 
 
 def reader_prompt(question: str, passage: Passage) -> str:
