@@ -70,7 +70,7 @@ ps: install
 	$(BIN)/autellix ps $(ARGS)
 
 lint: install
-	$(BIN)/ruff check sdk server_ext tests examples
+	$(BIN)/ruff check sdk server_ext tests examples bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
