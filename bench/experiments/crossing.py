@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.sim.matrix import BASELINE, setting
-from autellix_vllm.sim.sweep import SweepSetup, _run, capacity_rate
+from autellix_vllm.sim.sweep import SweepSetup, capacity_rate, run_at
 from autellix_vllm.workloads import get_workload
 
 
@@ -28,12 +28,12 @@ def slo(setup: SweepSetup, factor: float = 5.0) -> float:
     """The sweep's SLO: ``factor`` times the baseline's unloaded average."""
     spec = get_workload(setup.workload)
     low = spec.unloaded_rate or capacity_rate(setup) / 20
-    unloaded = _run(replace(setup, duration=100 / low), BASELINE, "round-robin", low)
+    unloaded = run_at(replace(setup, duration=100 / low), BASELINE, "round-robin", low)
     return factor * unloaded["avg_latency_per_token"]
 
 
 def _average(case: tuple[SweepSetup, str, str, float]) -> float:
-    return _run(*case)["avg_latency_per_token"]
+    return run_at(*case)["avg_latency_per_token"]
 
 
 def main(argv: list[str] | None = None) -> int:

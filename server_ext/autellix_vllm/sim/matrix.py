@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..policy import DEFAULT_POLICY, PolicyConfig
-from ..workloads import generate, get_workload
+from ..workloads import get_workload
 from .presets import get_preset
-from .run import simulate
-from .sweep import sweep
+from .sweep import SweepSetup, run_at, sweep
 
 BASELINE = "vllm-opt"
 # The policies a matrix sweeps by default: the baseline first (the ratios' base),
@@ -102,12 +101,14 @@ def _fixed_rate(
     workload: str, where: EngineSetting, policy: str, rate: float, seed: int,
     config: PolicyConfig, duration: float | None, stop_above: float | None,
 ) -> dict[str, Any]:  # fmt: skip
-    window = duration or get_workload(workload).sweep_seconds
-    programs = generate(workload, max(1, round(rate * window)), rate, seed)
-    return simulate(
-        programs, policy, engines=where.engines, lb=where.lb, preset=where.preset,
-        config=config, kv_offload_gib=where.kv_offload_gib, stop_above=stop_above,
-    ).metrics  # fmt: skip
+    """One run at ``rate`` on the sweep's trace (a window of ``duration`` seconds,
+    None: the workload's), stopped early past ``stop_above``."""
+    setup = SweepSetup(
+        workload, seed, where.engines, where.preset, None, config,
+        duration or get_workload(workload).sweep_seconds, slo=stop_above or 0.0,
+        kv_offload_gib=where.kv_offload_gib,
+    )  # fmt: skip
+    return run_at(setup, policy, where.lb, rate)
 
 
 def _latency_ratios(

@@ -65,7 +65,9 @@ class Curve:
     censored: bool = False  # still within the SLO at the search limit
 
 
-def _run(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]:
+def run_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]:
+    """One run of ``policy`` on the setup's trace at ``rate``; it stops early past
+    ``setup.slo`` (0: runs in full)."""
     return simulate(
         setup.trace(rate),
         policy,
@@ -96,7 +98,7 @@ def _search(setup: SweepSetup, key: str, policy: str, lb: str, start: float, lim
     curve = Curve(key)
 
     def ok(rate: float) -> bool:
-        metrics = _run(setup, policy, lb, rate)
+        metrics = run_at(setup, policy, lb, rate)
         curve.points.append((rate, metrics))
         return metrics["avg_latency_per_token"] <= setup.slo
 
@@ -159,7 +161,8 @@ def sweep(
     runs = [(p if len(lbs) == 1 else f"{p}/{lb}", p, lb) for p in policies for lb in lbs]
     # Unloaded: programs ~20x further apart than the engines can serve them.
     low = spec.unloaded_rate or cap / 20
-    unloaded = _run(replace(setup, duration=100 / low, programs=None), runs[0][1], runs[0][2], low)
+    quiet = replace(setup, duration=100 / low, programs=None)
+    unloaded = run_at(quiet, runs[0][1], runs[0][2], low)
     slo = slo_factor * unloaded["avg_latency_per_token"]
     setup = replace(setup, slo=slo)
     curves: list[Curve] = []
