@@ -63,9 +63,9 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --levels $(seq -s, 0 63) --beta 1e9 --prefill-weight 0 --json": (RUN, '"total_wait": 12.0'),
     "autellix simulate bench-policy --json": (RUN, "median_ms_per_step"),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --policies"
-    " vllm-opt,mlfq,autellix,srpt --workers 1 --json": (PARSE, _SWEEP),
-    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 202"
-    " --policies vllm-opt,mlfq,autellix,srpt --workers 1 --json": (PARSE, _SWEEP),
+    " vllm-opt,plas-atlas,autellix --json": (PARSE, _SWEEP),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 256"
+    " --policies vllm-opt,autellix --json": (PARSE, _SWEEP),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
     " --kv-blocks 96 --schedulers fcfs,fcfs --json": (PARSE, _ENGINE),
     # docs/frameworks.md
