@@ -29,8 +29,24 @@ pytestmark = pytest.mark.registry
 
 
 def gpu_requirements() -> list[str]:
+    """The project's requirements with its gpu extra; an extra that names the project's
+    own others (``autellix[router]``) is replaced by theirs, which pip could not
+    look up in the registry."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["gpu"]]
+    extras = project["optional-dependencies"]
+
+    def expanded(requirements: list[str]) -> list[str]:
+        out = []
+        for requirement in requirements:
+            own = re.fullmatch(rf"{project['name']}\[([\w,-]+)\]", requirement)
+            if own is None:
+                out.append(requirement)
+            else:
+                for extra in own.group(1).split(","):
+                    out += expanded(extras[extra])
+        return out
+
+    return [*project["dependencies"], *expanded(extras["gpu"])]
 
 
 def registry_reachable() -> bool:
