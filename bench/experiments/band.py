@@ -21,19 +21,14 @@ from typing import Any
 
 from autellix_vllm.policy import DEFAULT_POLICY, PolicyConfig, ResidencyConfig
 from autellix_vllm.sim.matrix import EngineSetting, setting
-from autellix_vllm.sim.run import simulate
-from autellix_vllm.workloads import generate, get_workload
+from autellix_vllm.sim.sweep import run_at
 
 
 def average(case: tuple[str, EngineSetting, str, PolicyConfig, bool, int, float]) -> float:
     """The average latency per token of one run: the sweep's trace at ``rate``."""
     workload, where, policy, config, hints, seed, rate = case
-    count = max(1, round(rate * get_workload(workload).sweep_seconds))
-    return simulate(
-        generate(workload, count, rate, seed), policy, engines=where.engines, lb=where.lb,
-        preset=where.preset, config=config, kv_offload_gib=where.kv_offload_gib,
-        retention_hints=hints,
-    ).metrics["avg_latency_per_token"]  # fmt: skip
+    setup = where.sweep_setup(workload, seed, config, retention_hints=hints)
+    return run_at(setup, policy, where.lb, rate)["avg_latency_per_token"]
 
 
 def band(

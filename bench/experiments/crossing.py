@@ -20,16 +20,7 @@ from dataclasses import replace
 
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.sim.matrix import BASELINE, setting
-from autellix_vllm.sim.sweep import SweepSetup, capacity_rate, run_at
-from autellix_vllm.workloads import get_workload
-
-
-def slo(setup: SweepSetup, factor: float = 5.0) -> float:
-    """The sweep's SLO: ``factor`` times the baseline's unloaded average."""
-    spec = get_workload(setup.workload)
-    low = spec.unloaded_rate or capacity_rate(setup) / 20
-    unloaded = run_at(replace(setup, duration=100 / low), BASELINE, "round-robin", low)
-    return factor * unloaded["avg_latency_per_token"]
+from autellix_vllm.sim.sweep import SweepSetup, run_at, unloaded_average
 
 
 def _average(case: tuple[SweepSetup, str, str, float]) -> float:
@@ -52,11 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     where = args.setting
     guesses = {p: float(r) for p, r in (part.split(":") for part in args.guess.split(","))}
-    setup = SweepSetup(
-        args.workload, args.seed, where.engines, where.preset, None, PolicyConfig(),
-        get_workload(args.workload).sweep_seconds, kv_offload_gib=where.kv_offload_gib,
-    )  # fmt: skip
-    setup = replace(setup, slo=slo(setup))
+    setup = where.sweep_setup(args.workload, args.seed, PolicyConfig())
+    # The sweep's SLO: 5x the baseline's unloaded average.
+    setup = replace(setup, slo=5.0 * unloaded_average(setup, BASELINE, where.lb))
     low = 1 - args.step * (args.points - 1) / 2
     crossing = {}
     with ProcessPoolExecutor(max_workers=args.workers) as pool:

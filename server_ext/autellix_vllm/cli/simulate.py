@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from autellix_vllm.cli import UsageError, print_result
@@ -62,6 +63,11 @@ def _names(allowed: tuple[str, ...] | list[str]) -> Any:
         return names
 
     return parse
+
+
+def _comma_separated(parse: Callable[[str], Any]) -> Any:
+    """An argument type: ``parse`` applied to each comma-separated item."""
+    return checked(lambda text: [parse(item.strip()) for item in text.split(",")])
 
 
 def _per_workload(value: str) -> str:
@@ -338,7 +344,7 @@ def _add_matrix_parser(commands: argparse._SubParsersAction) -> None:
         help=f"comma-separated (default: {','.join(MATRIX_WORKLOADS)})",
     )  # fmt: skip
     matrix.add_argument(
-        "--settings", type=checked(lambda text: [setting(t) for t in text.split(",")]),
+        "--settings", type=_comma_separated(setting),
         default=list(MATRIX_SETTINGS),
         help="comma-separated engine settings PRESET[+HOST_GIB][xENGINES] (default:"
         f" {','.join(s.label for s in MATRIX_SETTINGS)})",
@@ -348,7 +354,7 @@ def _add_matrix_parser(commands: argparse._SubParsersAction) -> None:
         help=f"comma-separated, vllm-opt first (default: {','.join(MATRIX_POLICIES)})",
     )  # fmt: skip
     matrix.add_argument(
-        "--multiples", type=checked(lambda text: [float(m) for m in text.split(",")]),
+        "--multiples", type=_comma_separated(float),
         default=list(RATE_MULTIPLES),
         help="fractions of vllm-opt's highest rate where the latencies are compared"
         f" (default: {','.join(f'{m:g}' for m in RATE_MULTIPLES)})",
@@ -362,8 +368,6 @@ def _add_matrix_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _matrix(args: argparse.Namespace) -> int:
-    import json
-
     from ..sim.matrix import format_header, format_row, matrix
 
     cells = matrix(
@@ -376,7 +380,11 @@ def _matrix(args: argparse.Namespace) -> int:
     try:
         for cell in cells:
             misses += bool(cell["misses"])
-            print(json.dumps(cell) if args.json else format_row(cell, args.policies), flush=True)
+            if args.json:
+                print_result(cell, as_json=True)
+            else:
+                print(format_row(cell, args.policies))
+            sys.stdout.flush()  # a row as soon as its cell is done: the matrix takes hours
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not args.json:

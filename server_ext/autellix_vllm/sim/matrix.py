@@ -62,6 +62,18 @@ class EngineSetting:
     def lb(self) -> str:
         return "locality" if self.engines > 1 else "round-robin"
 
+    def sweep_setup(
+        self, workload: str, seed: int, config: PolicyConfig, duration: float | None = None,
+        **options: Any,
+    ) -> SweepSetup:  # fmt: skip
+        """The sweep's setup of ``workload`` on this setting (a window of ``duration``
+        seconds of arrivals, None: the workload's; ``options``: SweepSetup's others)."""
+        return SweepSetup(
+            workload, seed, self.engines, self.preset, None, config,
+            duration or get_workload(workload).sweep_seconds,
+            kv_offload_gib=self.kv_offload_gib, **options,
+        )  # fmt: skip
+
 
 _SETTING = re.compile(r"(?P<preset>[^+]+?)(?:\+(?P<gib>\d+(?:\.\d+)?))?(?:x(?P<engines>\d+))?")
 
@@ -101,13 +113,8 @@ def _fixed_rate(
     workload: str, where: EngineSetting, policy: str, rate: float, seed: int,
     config: PolicyConfig, duration: float | None, stop_above: float | None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One run at ``rate`` on the sweep's trace (a window of ``duration`` seconds,
-    None: the workload's), stopped early past ``stop_above``."""
-    setup = SweepSetup(
-        workload, seed, where.engines, where.preset, None, config,
-        duration or get_workload(workload).sweep_seconds, slo=stop_above or 0.0,
-        kv_offload_gib=where.kv_offload_gib,
-    )  # fmt: skip
+    """One run at ``rate`` on the sweep's trace, stopped early past ``stop_above``."""
+    setup = where.sweep_setup(workload, seed, config, duration, slo=stop_above or 0.0)
     return run_at(setup, policy, where.lb, rate)
 
 

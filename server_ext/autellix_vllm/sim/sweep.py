@@ -83,6 +83,15 @@ def run_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, An
     ).metrics
 
 
+def unloaded_average(setup: SweepSetup, policy: str, lb: str) -> float:
+    """The average latency per token of ``policy`` with programs about 20x further
+    apart than the engines can serve them (or at the workload's own unloaded rate):
+    the base of the SLO."""
+    low = get_workload(setup.workload).unloaded_rate or capacity_rate(setup) / 20
+    quiet = replace(setup, duration=100 / low, programs=None, slo=0.0)
+    return run_at(quiet, policy, lb, low)["avg_latency_per_token"]
+
+
 def capacity_rate(setup: SweepSetup) -> float:
     """Programs per second the engines could finish if always full of decodes."""
     preset = get_preset(setup.preset).with_max_num_seqs(setup.max_num_seqs)
@@ -159,11 +168,8 @@ def sweep(
     )  # fmt: skip
     cap = capacity_rate(setup)
     runs = [(p if len(lbs) == 1 else f"{p}/{lb}", p, lb) for p in policies for lb in lbs]
-    # Unloaded: programs ~20x further apart than the engines can serve them.
-    low = spec.unloaded_rate or cap / 20
-    quiet = replace(setup, duration=100 / low, programs=None)
-    unloaded = run_at(quiet, runs[0][1], runs[0][2], low)
-    slo = slo_factor * unloaded["avg_latency_per_token"]
+    unloaded = unloaded_average(setup, runs[0][1], runs[0][2])
+    slo = slo_factor * unloaded
     setup = replace(setup, slo=slo)
     curves: list[Curve] = []
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -182,7 +188,7 @@ def sweep(
         "seed": seed,
         "slo_factor": slo_factor,
         "slo": slo,
-        "unloaded_latency_per_token": unloaded["avg_latency_per_token"],
+        "unloaded_latency_per_token": unloaded,
         "max_rate": {c.key: c.max_rate for c in curves},
         "ratio": {c.key: (c.max_rate / first if first else math.inf) for c in curves},
         "censored": [c.key for c in curves if c.censored],
