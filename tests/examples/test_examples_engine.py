@@ -144,6 +144,13 @@ def test_the_demo_compares_stock_vllm_with_autellix_and_stops_everything():
     assert table[1].split()[:2] == ["EXAMPLE", "PROGRAMS"]
     assert [row.split()[0] for row in table[2:5]] == ["mcts", "react", "all"]
     assert table[4].split()[1] == "3" and table[4].rstrip().endswith("x")
+    # A "why slower" line names the examples whose average ratio is below 1x.
+    ratios = {row.split()[0]: float(row.split()[-3].rstrip("x")) for row in table[2:4]}
+    named: list[str] = []
+    if " slower under autellix: " in table[5]:
+        named = table.pop(5).removeprefix("demo: ").split(" slower")[0].split(", ")
+    assert all(ratios[name] <= 1 for name in named)  # two decimals: 0.996 prints 1.00
+    assert all(name in named for name, ratio in ratios.items() if ratio < 1)
     assert table[5].startswith("demo: avg ratio of each pair of rounds: ")
     assert table[6].startswith("demo: the machine was ")
     assert output.rstrip().splitlines()[-1].startswith("demo: all processes stopped")
