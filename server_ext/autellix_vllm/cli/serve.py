@@ -201,6 +201,28 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="programs one key may have open at once; a new one past it gets 429",
     )
     parser.add_argument(
+        "--no-derived-programs",
+        dest="derived_programs",
+        action="store_false",
+        help="a call that names no program runs alone, even if it sends a session header,"
+        " prompt_cache_key, previous_response_id, user or a conversation that extends"
+        " an earlier call's (see docs/frameworks.md)",
+    )
+    parser.add_argument(
+        "--no-prefix-programs",
+        dest="prefix_programs",
+        action="store_false",
+        help="a call whose messages extend an earlier call's does not join that call's"
+        " program (the other derived sources still count)",
+    )
+    parser.add_argument(
+        "--derived-idle-end",
+        type=float,
+        default=RouterConfig.derived_idle_end_s,
+        metavar="SECONDS",
+        help="a derived program with nothing in flight for this long is ended",
+    )
+    parser.add_argument(
         "--health-interval", type=float, default=1.0, help="seconds between engine probes"
     )
     parser.add_argument(
@@ -229,6 +251,9 @@ def router_config_from_args(
             max_body_bytes=int(args.max_body_mb * 2**20),
             max_programs=args.max_programs,
             max_programs_per_key=args.max_programs_per_key,
+            derived_programs=args.derived_programs,
+            prefix_programs=args.prefix_programs,
+            derived_idle_end_s=args.derived_idle_end,
             health_interval_s=args.health_interval,
             max_attempts=args.max_attempts,
             allow_remote_upstreams=args.allow_remote_upstreams,

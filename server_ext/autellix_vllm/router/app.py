@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -28,12 +28,13 @@ from aiohttp.web_protocol import RequestHandler
 from autellix_vllm.policy.routing import make_balancer
 from autellix_vllm.protocol.openai_errors import error_body
 from autellix_vllm.router.config import RouterConfig
+from autellix_vllm.router.derived import ProgramDeriver
 from autellix_vllm.router.dispatch import Dispatcher
 from autellix_vllm.router.engines import EnginePool
 from autellix_vllm.router.metrics import RouterMetrics
 from autellix_vllm.router.middlewares import authenticate, openai_errors
 from autellix_vllm.router.programs import ProgramTable
-from autellix_vllm.router.routes import add_routes
+from autellix_vllm.router.routes import add_routes, end_idle_derived_forever
 from autellix_vllm.router.state import STATE, RouterState
 
 log = logging.getLogger("autellix.router")
@@ -64,10 +65,19 @@ def _router_state(
             headers=engine_auth,
         )
         balancer = make_balancer(config.balancer, config.locality_threshold)
+        deriver = None
+        if config.derived_programs:
+            deriver = ProgramDeriver(config.derived_idle_end_s, config.prefix_programs)
+
+        def dropped(program_id: str) -> None:
+            balancer.forget(program_id)
+            if deriver is not None:
+                deriver.forget(program_id)
+
         programs = ProgramTable(
             config.ended_ids_kept,
             config.idle_ttl_s,
-            on_drop=balancer.forget,
+            on_drop=dropped,
             max_programs=config.max_programs,
             max_programs_per_owner=config.max_programs_per_key,
             limits=config.limits,
@@ -81,12 +91,13 @@ def _router_state(
             timeout_s=config.health_timeout_s,
             failures_to_drop=config.health_failures,
         )
-        dispatcher = Dispatcher(config, session, pool, programs, balancer, metrics)
+        dispatcher = Dispatcher(config, session, pool, programs, balancer, metrics, deriver=deriver)
         pool.on_down = dispatcher.engine_down
-        app[STATE] = RouterState(config, session, metrics, programs, pool, dispatcher)
-        sweeper = asyncio.create_task(
-            programs.sweep_forever(config.health_interval_s), name="autellix-idle-sweep"
-        )
+        state = app[STATE] = RouterState(config, session, metrics, programs, pool, dispatcher)
+        sweepers = [programs.sweep_forever(config.health_interval_s)]
+        if deriver is not None:
+            sweepers.append(end_idle_derived_forever(state, config.health_interval_s))
+        sweeper = asyncio.create_task(_all(sweepers), name="autellix-idle-sweep")
         # What exists now (modules, the app) lives as long as the router: keep it
         # out of every full garbage collection, so that those stay short pauses of
         # the loop however large the process's heap (a test process holds vLLM's).
@@ -103,6 +114,10 @@ def _router_state(
             await session.close()
 
     return lifespan
+
+
+async def _all(tasks: list[Coroutine[Any, Any, None]]) -> None:
+    await asyncio.gather(*tasks)
 
 
 async def serve_router(

@@ -53,6 +53,14 @@ class RouterConfig:
     ended_ids_kept: int = 100_000
     # Programs with nothing in flight are dropped from the table after this long idle.
     idle_ttl_s: float = 600.0
+    # Name programs for calls that name none, from what such clients send
+    # (router.derived): session headers, prompt_cache_key and the like, and with
+    # prefix_programs, calls that extend an earlier call's messages.
+    derived_programs: bool = True
+    prefix_programs: bool = True
+    # A derived program with nothing in flight for this long is ended (its client
+    # never ends it); less than idle_ttl_s, which drops (not ends) any program.
+    derived_idle_end_s: float = 300.0
     # Programs in the table, in all and per key; when full (after dropping idle
     # programs) a new program is refused with 429 too_many_programs.
     max_programs: int = 100_000
@@ -100,6 +108,7 @@ class RouterConfig:
             "connect_timeout_s": self.connect_timeout_s,
             "ended_ids_kept": self.ended_ids_kept,
             "idle_ttl_s": self.idle_ttl_s,
+            "derived_idle_end_s": self.derived_idle_end_s,
             "max_programs": self.max_programs,
             "max_programs_per_key": self.max_programs_per_key,
             "engine_keepalive_s": self.engine_keepalive_s,

@@ -1,9 +1,11 @@
 """Sending a call to an engine: choosing one, retrying, relaying the answer.
 
 Per call: the program's entry in the router's table (opened on first sight,
-after the table's checks), the balancer's choice among healthy engines that
-serve the model, then the answer, relayed as it is (engine errors keep their
-status and message, in the router's error shape).
+after the table's checks; for a call that names no program, the one
+``router.derived`` names from what the client sent, if anything), the
+balancer's choice among healthy engines that serve the model, then the answer,
+relayed as it is (engine errors keep their status and message, in the router's
+error shape).
 
 What the engine is told: the client's headers without its credentials and
 without any scheduling header; in their place the identity the router
@@ -34,7 +36,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import aiohttp
@@ -45,14 +47,21 @@ from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
 from autellix_vllm.protocol.identity import IDENTITY_HEADERS
 from autellix_vllm.protocol.openai_errors import error_body, normalized_error
+from autellix_vllm.protocol.paths import RESPONSES_PATH
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
+from autellix_vllm.router.derived import ProgramDeriver
 from autellix_vllm.router.engines import Engine, EnginePool
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.metrics import RouterMetrics
-from autellix_vllm.router.programs import ProgramRecord, ProgramTable
-from autellix_vllm.router.usage import SseRelay, service_from_body
+from autellix_vllm.router.programs import (
+    ProgramLimitExceeded,
+    ProgramRecord,
+    ProgramTable,
+    TooManyPrograms,
+)
+from autellix_vllm.router.usage import SseRelay, read_answer
 
 log = logging.getLogger("autellix.router")
 
@@ -103,6 +112,7 @@ class Outcome:
     engine: Engine | None = None  # the engine that answered, or was streaming
     completed: bool = False  # the engine's whole 200 answer was relayed
     service: float | None = None
+    response_id: str | None = None  # a non-streamed response's id (the Responses API)
     relay: SseRelay | None = None  # a stream's relay, once it started
     upstream_s: float = 0.0  # time spent waiting for the engine (non-streaming calls)
 
@@ -123,8 +133,10 @@ class Dispatcher:
         balancer: Balancer,
         metrics: RouterMetrics,
         meter: ServiceMeter | None = None,
+        deriver: ProgramDeriver | None = None,
     ) -> None:
         self.config = config
+        self.deriver = deriver
         self.session = session
         self.pool = pool
         self.programs = programs
@@ -138,7 +150,7 @@ class Dispatcher:
     ) -> web.StreamResponse:
         """Answer ``call`` for ``caller``; ``started`` is when the router got it
         (``perf_counter``)."""
-        record = self._call_arrived(call, caller)
+        record = self._call_arrived(call, caller, request.headers)
         if record is None:
             self.metrics.calls_without_program.inc()
             key = f"anonymous-{next(self._anonymous)}"
@@ -156,6 +168,7 @@ class Dispatcher:
                     service=outcome.charged(call.prompt_tokens),
                     completed=outcome.completed,
                 )
+                self._answered(call, record, outcome)
             else:
                 self.balancer.forget(key)
         assert outcome.response is not None
@@ -192,13 +205,41 @@ class Dispatcher:
         for record in self.programs.bound_to(engine.name):
             self.balancer.forget(record.program_id)
 
-    def _call_arrived(self, call: Call, caller: Client) -> ProgramRecord | None:
+    def _call_arrived(
+        self, call: Call, caller: Client, headers: Mapping[str, str]
+    ) -> ProgramRecord | None:
         """The record of the call's program, counting the call; None for a call
         without one. The table's refusals (ended, another key's, limits, a
-        reused call id) are raised as they are."""
-        if call.identity.program_id is None:
+        reused call id) are raised as they are for a program the client named;
+        a derived one that the table refuses runs the call without a program
+        (the client asked for none)."""
+        if call.identity.program_id is not None:
+            return self.programs.call_arrived(call.identity, caller)
+        if self.deriver is None:
             return None
-        return self.programs.call_arrived(call.identity, caller)
+        derived = self.deriver.derive(call.path, call.body, headers, caller.owner)
+        if derived is None:
+            return None
+        identity = replace(call.identity, program_id=derived.program_id)
+        try:
+            record = self.programs.call_arrived(identity, caller, name=derived.name)
+        except (TooManyPrograms, ProgramLimitExceeded) as refusal:
+            log.info("running a call without a program: %s", refusal)
+            self.deriver.refused(derived)
+            return None
+        call.identity = identity
+        self.deriver.opened(derived, record)
+        return record
+
+    def _answered(self, call: Call, record: ProgramRecord, outcome: Outcome) -> None:
+        """What the deriver learns from a finished call: that its program was
+        active, and a response's id (a later ``previous_response_id``)."""
+        if self.deriver is None:
+            return
+        self.deriver.touch(record)
+        response_id = outcome.relay.response_id if outcome.relay else outcome.response_id
+        if call.path == RESPONSES_PATH and outcome.completed and response_id is not None:
+            self.deriver.answered(record.program_id, record.owner, response_id)
 
     async def _send_with_retries(
         self,
@@ -295,7 +336,8 @@ class Dispatcher:
         outcome.upstream_s = time.perf_counter() - sent
         outcome.engine = engine
         outcome.completed = upstream.status == 200
-        outcome.service = service_from_body(payload, self.meter) if outcome.completed else None
+        if outcome.completed:
+            outcome.service, outcome.response_id = read_answer(payload, self.meter)
         outcome.response = _whole_answer(upstream, payload)
 
     async def _send_stream(

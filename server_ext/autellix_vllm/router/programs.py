@@ -254,10 +254,12 @@ class ProgramTable:
         program_id = "prog-" + secrets.token_urlsafe(18)  # 144 random bits
         return self._open(program_id, name, caller, issued=True)
 
-    def call_arrived(self, identity: CallIdentity, caller: Client = ANONYMOUS) -> ProgramRecord:
+    def call_arrived(
+        self, identity: CallIdentity, caller: Client = ANONYMOUS, name: str | None = None
+    ) -> ProgramRecord:
         """A call of ``identity.program_id`` arrived: its record (opened if the id is
-        new), counting the call as active. Raises an :class:`ApiError` (see the
-        module) and changes nothing if the call may not run."""
+        new, under ``name``), counting the call as active. Raises an
+        :class:`ApiError` (see the module) and changes nothing if the call may not run."""
         program_id, call_id = identity.program_id, identity.call_id
         if program_id is None:
             raise ValueError("a call without a program id has no record")
@@ -281,7 +283,7 @@ class ProgramTable:
         if crossed is not None:
             raise ProgramLimitExceeded(crossed)
         if record is None:
-            record = self._open(program_id, None, caller, issued=False)
+            record = self._open(program_id, name, caller, issued=False)
         else:
             self._programs.touch(program_id)
         record.threads.update((new.thread_id, new.depth) for new in created)

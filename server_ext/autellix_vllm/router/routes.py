@@ -35,6 +35,7 @@ from autellix_vllm.protocol.paths import (
 )
 from autellix_vllm.router.calls import parse_json_object, read_call
 from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.keys import Client
 from autellix_vllm.router.middlewares import caller
 from autellix_vllm.router.state import STATE, RouterState
 
@@ -109,11 +110,43 @@ async def end_program(request: web.Request) -> web.Response:
         validate_id(program_id, "program_id")
     except IdentityError as error:
         raise ApiError(400, str(error), error.code, error.param) from None
+    await end_everywhere(state, program_id, caller(request))
+    return web.json_response({"program_id": program_id, "ended": True})
+
+
+async def end_everywhere(
+    state: RouterState, program_id: str, by: Client, if_idle: bool = False
+) -> bool:
+    """End ``program_id`` for ``by``: in the table (which may refuse) and on its
+    engines. With ``if_idle``, only if no call of it is in flight once its
+    engines have reported its waits; False if it was not ended for that."""
     waits = await state.pool.program_waits([program_id])  # for its final row
-    record = state.programs.end(program_id, caller(request), waits.get(program_id, 0.0))
+    if if_idle and (record := state.programs.get(program_id)) is not None and record.busy:
+        return False
+    record = state.programs.end(program_id, by, waits.get(program_id, 0.0))
     engines = [state.pool.by_name[name] for name in record.calls_per_engine]
     await asyncio.gather(*(_end_on_engine(state, e.url, program_id) for e in engines))
-    return web.json_response({"program_id": program_id, "ended": True})
+    return True
+
+
+async def end_idle_derived_forever(state: RouterState, interval_s: float) -> None:
+    """Every ``interval_s``, end the derived programs idle for ``derived_idle_end_s``
+    (their clients never end them; ``router.derived``)."""
+    deriver = state.dispatcher.deriver
+    assert deriver is not None
+    while True:
+        await asyncio.sleep(interval_s)
+        for program_id in deriver.idle(state.programs.clock()):
+            record = state.programs.get(program_id)
+            if record is None:
+                continue
+            owner = Client(owner=record.owner, name=record.owner_name)
+            try:
+                ended = await end_everywhere(state, program_id, owner, if_idle=True)
+            except ApiError:  # ended or dropped meanwhile
+                continue
+            if not ended:
+                deriver.watch(record)  # a call came meanwhile: idle again later
 
 
 async def _end_on_engine(state: RouterState, url: str, program_id: str) -> None:

@@ -8,7 +8,8 @@ tokens are known only when the engine reports ``prompt_tokens_details``).
 For streams, :class:`SseRelay` forwards the server-sent events and picks the
 usage out of them: the last chunk of a chat or completion stream (asked for
 with ``stream_options.include_usage``; dropped again when the client had not
-asked for it) or the ``response.completed`` event of a response stream. A
+asked for it) or the ``response.completed`` event of a response stream (with
+the response's id). A
 stream that ends before its usage (the client left, the engine broke) is
 charged an estimate: one token per event relayed, plus its prompt.
 """
@@ -43,11 +44,21 @@ def service_from_usage(usage: Any, meter: ServiceMeter) -> float | None:
 
 def service_from_body(payload: bytes, meter: ServiceMeter) -> float | None:
     """The service in a non-streamed answer's ``usage``."""
+    return read_answer(payload, meter)[0]
+
+
+def read_answer(payload: bytes, meter: ServiceMeter) -> tuple[float | None, str | None]:
+    """A non-streamed answer's service (from its ``usage``) and its ``id``, each
+    None if it has none."""
     try:
         answer = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return service_from_usage(answer.get("usage"), meter) if isinstance(answer, dict) else None
+        return None, None
+    if not isinstance(answer, dict):
+        return None, None
+    answer_id = answer.get("id")
+    service = service_from_usage(answer.get("usage"), meter)
+    return service, answer_id if isinstance(answer_id, str) else None
 
 
 class SseRelay:
@@ -58,6 +69,7 @@ class SseRelay:
         self.meter = meter
         self.drop_usage = drop_usage
         self.service: float | None = None
+        self.response_id: str | None = None  # a response stream's, from its last event
         self.events_relayed = 0
         self._pending = b""
 
@@ -97,7 +109,11 @@ class SseRelay:
             return True
         usage = payload.get("usage")
         if payload.get("type") == "response.completed":
-            usage = (payload.get("response") or {}).get("usage")
+            response = payload.get("response")
+            response = response if isinstance(response, dict) else {}
+            usage = response.get("usage")
+            if isinstance(response.get("id"), str):
+                self.response_id = response["id"]
         service = service_from_usage(usage, self.meter)
         if service is None:
             return True
