@@ -58,5 +58,8 @@ def running_engine(
 
 @pytest.fixture(scope="session")
 def engine(running_engine: Callable[..., AbstractContextManager[object]]) -> Iterator[object]:
-    with running_engine("engine") as process:
+    # It keeps the responses it answers, so that previous_response_id works (vLLM's
+    # store is off by default: it never forgets one).
+    store = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    with running_engine("engine", extra_env=store) as process:
         yield process

@@ -287,11 +287,14 @@ def _key(owner: str, source: str, value: str) -> bytes:
 
 
 def _conversation(path: str, body: Mapping[str, Any]) -> list[Any] | None:
-    """The items a call's prompt is made of: chat messages or response input items."""
+    """The items a call's prompt is made of: chat messages, or response input
+    items (an input given as one string is one item)."""
     if path == CHAT_COMPLETIONS_PATH:
         items = body.get("messages")
     elif path == RESPONSES_PATH:
         items = body.get("input")
+        if isinstance(items, str):
+            return [items]
     else:
         return None
     return items if isinstance(items, list) else None
