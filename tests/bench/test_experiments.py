@@ -62,3 +62,11 @@ def test_the_crossing_is_the_highest_passing_and_lowest_failing_rate(capsys):
         assert crossing["highest_passing"] == max(passing, default=0.0)
         assert len(rates) == 3 and grid["slo"] > 0
     assert crossings[0]["ratio_passing"] == 1.0
+
+
+def test_every_timed_call_finds_the_program_its_conversation_began(capsys):
+    args = ["--programs", "50", "--steps", "3", "--calls", "100", "--chars", "200"]
+    assert experiment("derived_identity_cost").main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["found_its_program"] == 100 and result["derived_programs"] == 50
+    assert 0 < result["median_ms"] <= result["p99_ms"]

@@ -66,7 +66,9 @@ def test_a_short_soak_loses_nothing_accepts_no_forgery_and_leaves_nothing_behind
     )  # fmt: skip
     assert run.stdout, run.stderr[-5000:]
     result = json.loads(run.stdout)
-    assert run.returncode == 0, (result["failed_checks"], run.stderr[-5000:])
+    assert run.returncode == 0, (
+        result["failed_checks"], result["misbehaviour"], run.stderr[-5000:]
+    )  # fmt: skip
     assert result["passed"] and result["programs"] >= 10
     assert result["programs_lost"] == 0 and result["forged_accepted"] == 0
     assert result["programs_completed"] + sum(result["failures"].values()) == result["programs"]

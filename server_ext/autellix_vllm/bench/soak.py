@@ -661,7 +661,9 @@ class Mallory:
             # Python's parser takes 950 levels: the router passes the body on, and
             # vLLM's request validation refuses it (code invalid_request in our shape).
             "deep_messages": Tally(("400 invalid_json", "400 invalid_request")),
-            "program_flood": Tally((f"{self.cap} opened, then 429 too_many_programs",)),
+            # Counting the programs the key already had (the router derives one for
+            # a call that names none, as deep_messages is).
+            "program_flood": Tally((f"{self.cap} open, then 429 too_many_programs",)),
         }
 
     @property
@@ -750,6 +752,9 @@ class Mallory:
 
     async def flood(self) -> None:
         """Open programs until the router refuses one, then end them all."""
+        async with self.http.get(self.served.url + PROGRAMS_PATH, headers=self.auth) as answer:
+            answer.raise_for_status()
+            already_open = (await answer.json())["total"]
         opened: list[str] = []
         refusals: list[str] = []
 
@@ -764,7 +769,8 @@ class Mallory:
                         refusals.append(await answer_of(answer))
 
         await asyncio.gather(*(open_until_refused() for _ in range(8)))
-        self.tallies["program_flood"].record(f"{len(opened)} opened, then {refusals[0]}")
+        open_at_refusal = already_open + len(opened)
+        self.tallies["program_flood"].record(f"{open_at_refusal} open, then {refusals[0]}")
         for start in range(0, len(opened), 32):
             await asyncio.gather(*(self.end_program(p) for p in opened[start : start + 32]))
 

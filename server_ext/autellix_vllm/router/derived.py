@@ -30,24 +30,27 @@ engines, as if the client had ended it; a later call with the same value opens
 a new one. Engines hold an idle context only for their own bounded, priced
 time (``policy.residency``), never for the program's life.
 
-The conversation rule, precisely. Each call's items are hashed in a chain (the
-owner, then item after item), so the hash of its first ``k`` items names that
-prefix. A call registers the hash of all its items under its program. A later
-call looks for the longest proper prefix of its items that an earlier call
-registered. If the item right after that prefix is the model's (an assistant
-message, a function call), it is the reply the earlier call received: it
-claims that earlier call's branch, and a call whose reply differs from the one
-that claimed a branch first belongs elsewhere (two agents that started with the
-same messages get different replies and so stay apart). A call whose items
-equal an earlier call's exactly extends nothing and opens a program of its
-own. Only the newest :data:`REGISTRATIONS_KEPT` calls of a program stay
-registered; a client that rewrites its history (a summary replacing old turns)
-starts a new program.
+The conversation rule, precisely. A prefix of a call's items (its first ``k``)
+is known by a key: the owner, ``k``, and the first two and last two of those
+items. A call registers the key of all its items under its program. A later
+call looks, among its prefixes that leave out at most :data:`NEW_ITEMS_SEEN`
+of its items, for the longest one an earlier call registered. If the item
+right after that prefix is the model's (an assistant message, a function
+call), it is the reply the earlier call received: it claims that earlier
+call's branch, and a call whose reply differs from the one that claimed a
+branch first belongs elsewhere (two agents that started with the same messages
+get different replies and so stay apart). A call whose items equal an earlier
+call's exactly extends nothing and opens a program of its own. Only the newest
+:data:`REGISTRATIONS_KEPT` calls of a program stay registered; a client that
+rewrites its history (a summary replacing old turns) starts a new program.
 
 An item is compared by its fields without null or empty ones (clients differ in
 leaving those out), long strings by their length and both ends
-(:data:`STRING_ENDS` characters each): a cost per call that grows with the
-number of items, not with the size of the context.
+(:data:`STRING_ENDS` characters each). So a call costs a few items' worth of
+work, however long its conversation and its context: the key reads the ends of
+a conversation, whose middle a client does not change between its calls, and
+whose last items (a reply with its tool call ids, the tools' outputs) tell one
+conversation from another.
 """
 
 from __future__ import annotations
@@ -82,6 +85,9 @@ DERIVED_ID_PREFIX = "derived-"
 # Calls per program whose items stay registered for the conversation rule, and
 # response ids per program kept for previous_response_id.
 REGISTRATIONS_KEPT = 4
+# Items a call may add to an earlier call's and still extend it (a reply, the
+# outputs of its parallel tool calls, a user turn).
+NEW_ITEMS_SEEN = 64
 RESPONSES_KEPT = 8
 # Characters of each end of a long string that an item's fingerprint reads.
 STRING_ENDS = 128
@@ -124,7 +130,7 @@ class ProgramDeriver:
     def __init__(self, idle_end_s: float, prefix_programs: bool = True) -> None:
         self.prefix_programs = prefix_programs
         self._by_key: dict[bytes, str] = {}  # hashed (owner, source, value) -> program id
-        self._branches: dict[bytes, list[_Branch]] = {}  # items' chain hash -> branches
+        self._branches: dict[bytes, list[_Branch]] = {}  # a prefix's key -> its branches
         self._programs: dict[str, _Program] = {}
         self._idle: IdleTable[ProgramRecord] = IdleTable(idle_end_s)
 
@@ -220,25 +226,26 @@ class ProgramDeriver:
         items = _conversation(path, body)
         if not items:
             return None
-        chain = _chain(owner, items)
-        program_id = self._extended(items, chain)
+        prefixes = _Prefixes(owner, items)
+        program_id = self._extended(items, prefixes)
         new = program_id is None
         if program_id is None:
             program_id = self._new_program()
-        self._register(program_id, chain[-1])
+        self._register(program_id, prefixes.key(len(items)))
         noun = "item" if path == RESPONSES_PATH else "message"
         return Derived(program_id, f"{PREFIX_SOURCE} ({len(items)} {noun}s)", new=new)
 
-    def _extended(self, items: list[Any], chain: list[bytes]) -> str | None:
+    def _extended(self, items: list[Any], prefixes: _Prefixes) -> str | None:
         """The program of the longest earlier call that ``items`` extend, or None."""
-        for length in range(len(items) - 1, 0, -1):
-            branches = self._branches.get(chain[length - 1])
+        shortest = max(1, len(items) - NEW_ITEMS_SEEN)
+        for length in range(len(items) - 1, shortest - 1, -1):
+            branches = self._branches.get(prefixes.key(length))
             if not branches:
                 continue
             after = items[length]
             if not _is_reply(after):
                 return branches[0].program_id
-            reply = _fingerprint(after)
+            reply = prefixes.fingerprint(length)
             for branch in branches:
                 if branch.reply == reply:
                     return branch.program_id
@@ -300,14 +307,29 @@ def _conversation(path: str, body: Mapping[str, Any]) -> list[Any] | None:
     return items if isinstance(items, list) else None
 
 
-def _chain(owner: str, items: list[Any]) -> list[bytes]:
-    """The chain hash of each prefix of ``items``: element ``k - 1`` names the first ``k``."""
-    digest = hashlib.blake2b(owner.encode("utf-8", "surrogatepass"), digest_size=16)
-    chain = []
-    for item in items:
-        digest.update(_fingerprint(item))
-        chain.append(digest.copy().digest())
-    return chain
+class _Prefixes:
+    """The keys of the prefixes of one call's items, each item fingerprinted once."""
+
+    def __init__(self, owner: str, items: list[Any]) -> None:
+        self.owner = owner.encode("utf-8", "surrogatepass")
+        self.items = items
+        self._fingerprints: dict[int, bytes] = {}
+
+    def fingerprint(self, index: int) -> bytes:
+        found = self._fingerprints.get(index)
+        if found is None:
+            found = self._fingerprints[index] = _fingerprint(self.items[index])
+        return found
+
+    def key(self, length: int) -> bytes:
+        """The key of the first ``length`` items (see the module)."""
+        digest = hashlib.blake2b(self.owner, digest_size=16)
+        digest.update(length.to_bytes(8, "little"))
+        for index in sorted({0, 1, length - 2, length - 1}):
+            if 0 <= index < length:
+                digest.update(self.fingerprint(index))
+                digest.update(b"\x1e")
+        return digest.digest()
 
 
 def _is_reply(item: Any) -> bool:
