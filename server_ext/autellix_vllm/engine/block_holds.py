@@ -14,7 +14,8 @@ vLLM (through the adapter), for a KV-aware policy (``autellix-kv``):
 * **working set**: the waiting queue shows vLLM only the calls the rule
   admits (:meth:`EngineResidency.admissible`): a call of a program with no hold
   and no running call must fit its whole sequence in the free blocks beside the
-  headroom; others wait and calls behind them go first;
+  headroom (other owners' holds beyond their fair share give way to it);
+  others wait and calls behind them go first;
 * **KV pressure**: before each step, holds of the worst-ranked programs are
   released while the running calls' next tokens need more blocks than are free,
   so vLLM preempts a running call only when no hold is left to give up; and
@@ -44,7 +45,10 @@ class EngineResidency:
         self.scheduler = scheduler
         self.core = core
         self.rules = Residency(
-            core.config.residency, adapter.total_kv_blocks(scheduler), core.program_level
+            core.config.residency,
+            adapter.total_kv_blocks(scheduler),
+            core.program_level,
+            core.waiting.owners,
         )
         self._blocks: dict[str, list[object]] = {}  # held program -> its referenced blocks
         self._running: set[str] = set()  # programs with a running call, as of this step
@@ -114,7 +118,7 @@ class EngineResidency:
         demand = sum(adapter.kv_blocks_to_grow(scheduler, r) for r in running)
         worst_running = max((calls[r.request_id].level for r in running), default=-1)
         if demand > adapter.free_kv_blocks(scheduler):
-            self._break(worst_running, demand)
+            self._break(self.rules.breakable(worst_running), demand)
 
     def _order_victims(self, running: list[Request], calls: dict[str, Call]) -> None:
         """vLLM preempts by its own rule when a running call cannot get blocks; make
@@ -130,18 +134,20 @@ class EngineResidency:
         adapter.set_kv_victim_order(sorted(running, key=key, reverse=True))
 
     def admissible(self, call: Call) -> bool:
-        """The working-set rule for a waiting call. An idle engine (nothing running)
-        first gives up holds for the best waiter; a starving call for itself."""
+        """The working-set rule for a waiting call. Other owners' holds beyond their
+        fair share give way to it; an idle engine (nothing running) also gives up
+        holds for the best waiter; a starving call for itself."""
         program_id = call.program.program_id
         if program_id in self._running or program_id in self.rules:
             return True
         need = adapter.kv_blocks_needed(self.scheduler, call.payload)
         if self._fits(need):
             return True
+        self._break(self.rules.excess(call.program.owner), need)
         if not self._running or call.promotions:
-            self._break(-1 if not self._running else call.level, need)
-            return self._fits(need)
-        return False
+            level = -1 if not self._running else call.level
+            self._break(self.rules.breakable(level, call.program.owner), need)
+        return self._fits(need)
 
     def kv_blocks_needed(self, call: Call) -> int:
         """New blocks the waiting ``call`` needs to compute its whole sequence: its
@@ -158,10 +164,10 @@ class EngineResidency:
         free = adapter.free_kv_blocks(self.scheduler)
         return self.rules.fits(need, free, self._largest)
 
-    def _break(self, level: int, need: int) -> None:
-        """Release holds of programs worse than ``level`` (-1: any), worst first,
-        until ``need`` blocks are free beside the headroom."""
-        for program_id in self.rules.breakable(level):
+    def _break(self, breakable: list[str], need: int) -> None:
+        """Release the holds of ``breakable``, in order, until ``need`` blocks are free
+        beside the headroom."""
+        for program_id in breakable:
             if self._fits(need):
                 return
             self.rules.break_hold(program_id)

@@ -23,6 +23,17 @@ working set keeps processes within memory:
   Otherwise it waits, and calls behind it may go first; it does not evict held
   contexts. A call that anti-starvation promoted may break holds of programs in
   worse levels: every wait stays bounded.
+* **Fair share.** Retention hints come from clients, so a client could claim
+  the longest hold for every program it runs. Holds are therefore shared among
+  owners (``Program.owner``, whom the router states) as well as by rank: while
+  calls of another owner wait, an owner's holds together stay within its fair
+  share, the hold budget divided by the owners that contend for it (those
+  holding and those with calls waiting). A hold that would take its owner
+  past its share is refused, and the holds an owner has beyond its share are
+  the first any other owner's call may take blocks from (its worst first),
+  whatever their rank. When no other owner waits, holds use what is free. A
+  hint only sets how long a hold lasts: it never changes a program's level,
+  so it never ranks a program's calls or holds higher.
 * **Victim cost.** When KV runs out under running calls, holds of worse-ranked
   programs go first; then, among the running calls of the worst level, the one
   whose preemption is cheapest to undo (nothing cached is cheapest, a reload
@@ -37,7 +48,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from .config import ResidencyConfig
@@ -71,12 +83,18 @@ class Hold:
     until: float  # inf while a call of the context waits to be admitted
     seq: int
 
+    @property
+    def owner(self) -> str:
+        return self.program.owner
+
 
 class Residency:
     """The holds of one engine and the working-set rule (see the module docstring).
 
     ``level_of`` gives a program's level as its next call would enter it; holds
-    are compared by it (higher is worse).
+    are compared by it (higher is worse). ``waiting_owners`` gives the owners
+    with calls waiting on the engine (the wait queue's ``owners``); by default
+    nobody waits, and the fair share never binds.
     """
 
     def __init__(
@@ -84,12 +102,15 @@ class Residency:
         config: ResidencyConfig,
         capacity_blocks: int,
         level_of: Callable[[Program], int],
+        waiting_owners: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.config = config
         self.capacity_blocks = capacity_blocks
         self.level_of = level_of
+        self.waiting_owners = waiting_owners
         self.holds: dict[str, Hold] = {}
         self.held_blocks = 0
+        self.held_by_owner: Counter[str] = Counter()  # owner -> its held blocks (> 0)
         self._seq = itertools.count()
         self._expiry: list[tuple[float, int, str]] = []  # (until, seq, context), lazily stale
         # Counters, for reports.
@@ -98,6 +119,7 @@ class Residency:
         self.taken = 0
         self.expired_count = 0
         self.broken = 0
+        self.capped = 0  # refused because their owner was at its fair share
 
     @property
     def budget_blocks(self) -> int:
@@ -118,6 +140,7 @@ class Residency:
             "holds_taken": self.taken,
             "holds_expired": self.expired_count,
             "holds_broken": self.broken,
+            "holds_capped": self.capped,
         }
 
     # ---- retention ------------------------------------------------------------------
@@ -131,10 +154,11 @@ class Residency:
         hint_s: float | None = None,
         reloadable: bool = False,
     ) -> list[str]:
-        """``context`` went idle with ``blocks`` cached: hold it if the budget allows,
-        displacing holds of worse-ranked programs (worst first, oldest first), for
-        the client's hint or the estimate (``ResidencyConfig.ttl_s``; ``reloadable``:
-        a host tier keeps the context).
+        """``context`` went idle with ``blocks`` cached: hold it if the budget and its
+        owner's fair share allow, displacing other owners' holds beyond their share
+        (if its owner stays within its own) and holds of worse-ranked programs
+        (worst first, oldest first), for the client's hint or the estimate
+        (``ResidencyConfig.ttl_s``; ``reloadable``: a host tier keeps the context).
 
         Returns the contexts whose holds ended to make room; the engine releases
         them. Whether ``context`` itself is held: ``context in residency``.
@@ -143,15 +167,21 @@ class Residency:
             self._drop(context)
         if program.ended or blocks <= 0:
             return []
+        owner = program.owner
+        if self._over_share(owner, blocks):
+            self.capped += 1
+            self.refused += 1
+            return []
         level = self.level_of(program)
         ended: list[str] = []
         room = self.budget_blocks - self.held_blocks
         if blocks > room:
-            worse = [h for h in self._worst_first(self.holds.values()) if h.level > level]
-            if blocks > room + sum(h.blocks for h in worse):
+            within = self.held_by_owner[owner] + blocks <= self.fair_share(owner)
+            victims = [self.holds[c] for c in self.breakable(level, owner if within else None)]
+            if blocks > room + sum(h.blocks for h in victims):
                 self.refused += 1
                 return []
-            for victim in worse:
+            for victim in victims:
                 if blocks <= room:
                     break
                 room += victim.blocks
@@ -161,6 +191,7 @@ class Residency:
         held = Hold(context, program, blocks, level, until, next(self._seq))
         self.holds[context] = held
         self.held_blocks += blocks
+        self.held_by_owner[owner] += blocks
         heapq.heappush(self._expiry, (until, held.seq, context))
         self.granted += 1
         return ended
@@ -227,15 +258,56 @@ class Residency:
             heapq.heappop(heap)
         return None
 
-    def breakable(self, level: int) -> list[str]:
-        """Held contexts of programs in a level worse than ``level``, worst first and,
-        within a level, oldest first: what a call of ``level`` may take blocks from."""
-        worse = (h for h in self.holds.values() if h.level > level)
-        return [h.context for h in self._worst_first(worse)]
+    def breakable(self, level: int, owner: str | None = None) -> list[str]:
+        """What a call of ``level`` (run by ``owner``, if given) may take blocks from:
+        first the holds other owners have beyond their fair share (:meth:`excess`),
+        then the held contexts of programs in a level worse than ``level``, worst
+        first and, within a level, oldest first."""
+        first = self.excess(owner) if owner is not None else []
+        taken = set(first)
+        worse = (h for h in self.holds.values() if h.level > level and h.context not in taken)
+        return first + [h.context for h in self._worst_first(worse)]
+
+    # ---- the fair share among owners --------------------------------------------------
+
+    def fair_share(self, asking: str) -> int:
+        """Blocks of the hold budget each owner may hold while ``asking`` wants KV:
+        the budget divided among the owners contending for it (those holding, those
+        with calls waiting, and ``asking``)."""
+        owners = {asking, *self.held_by_owner, *self.waiting_owners()}
+        return self.budget_blocks // len(owners)
+
+    def excess(self, owner: str) -> list[str]:
+        """Holds of owners other than ``owner`` beyond their fair share while ``owner``
+        wants KV, each owner's worst first, as many as take it back to its share:
+        what any call of ``owner`` may take blocks from, whatever its rank."""
+        if not self.config.fair_share or not any(o != owner for o in self.held_by_owner):
+            return []
+        share = self.fair_share(owner)
+        out: list[str] = []
+        for other, held in self.held_by_owner.items():
+            if other == owner or held <= share:
+                continue
+            for hold in self._worst_first(h for h in self.holds.values() if h.owner == other):
+                if held <= share:
+                    break
+                out.append(hold.context)
+                held -= hold.blocks
+        return out
+
+    def _over_share(self, owner: str, blocks: int) -> bool:
+        """Whether holding ``blocks`` more would take ``owner`` past its fair share
+        while another owner's calls wait."""
+        if not self.config.fair_share or not any(o != owner for o in self.waiting_owners()):
+            return False
+        return self.held_by_owner[owner] + blocks > self.fair_share(owner)
 
     def _drop(self, context: str) -> None:
         held = self.holds.pop(context)
         self.held_blocks -= held.blocks
+        self.held_by_owner[held.owner] -= held.blocks
+        if not self.held_by_owner[held.owner]:
+            del self.held_by_owner[held.owner]
 
     @staticmethod
     def _worst_first(holds: Iterable[Hold]) -> list[Hold]:

@@ -61,6 +61,7 @@ class ProgramRun:
     calls_left: int
     decode_total: int
     remaining_work: float  # decode tokens still to produce (the SRPT oracle's view)
+    owner: str | None = None  # who runs it (None: the anonymous owner)
     end: float = 0.0
     done: set[str] = field(default_factory=set)
 
@@ -99,6 +100,37 @@ class Job:
     @property
     def decode_left(self) -> int:
         return self.spec.decode_tokens - self.decoded
+
+
+@dataclass
+class HoldShares:
+    """What each owner held while another owner's calls waited: the figure the fair
+    share of held KV bounds (``policy.residency``), kept once two owners are seen.
+
+    Between two steps the holds and the waiting owners are taken as they were at
+    the first (a hold's blocks held over that stretch, if another owner waited).
+    """
+
+    owners: set[str] = field(default_factory=set)
+    block_seconds: dict[str, float] = field(default_factory=dict)  # owner -> held x time
+    seconds: dict[str, float] = field(default_factory=dict)  # owner -> time others waited
+    _since: float = 0.0
+    _held: dict[str, int] = field(default_factory=dict)
+    _waiting: frozenset[str] = frozenset()
+
+    def observe(self, now: float, residency: Residency) -> None:
+        """The stretch since the last observation is over; the state from ``now`` on is
+        ``residency``'s."""
+        if len(self.owners) > 1:
+            elapsed = now - self._since
+            for owner in self.owners:
+                if elapsed > 0 and self._waiting - {owner}:
+                    held = self._held.get(owner, 0)
+                    self.seconds[owner] = self.seconds.get(owner, 0.0) + elapsed
+                    self.block_seconds[owner] = self.block_seconds.get(owner, 0.0) + held * elapsed
+            self._held = dict(residency.held_by_owner)
+            self._waiting = frozenset(residency.waiting_owners())
+        self._since = now
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -365,7 +397,9 @@ class SimEngine:
         )
         # KV-aware policies: holds of idle contexts and the working-set rule.
         self.residency = (
-            Residency(core.config.residency, preset.kv_blocks, core.program_level)
+            Residency(
+                core.config.residency, preset.kv_blocks, core.program_level, core.waiting.owners
+            )
             if core.policy.kv_aware and prefix_caching
             else None
         )
@@ -379,6 +413,7 @@ class SimEngine:
         self.preemptions = 0
         self.recomputed_tokens = 0
         self._hold_wake: float | None = None  # the hold expiry a wake is posted for
+        self.hold_shares = HoldShares()
 
     @property
     def load(self) -> int:
@@ -394,8 +429,10 @@ class SimEngine:
             parent_thread_id=spec.parent_thread,
             call_id=spec.id,
             prior_service=prior_service,
+            owner=job.program.owner,
         )
         job.call = self.core.add_call(identity, now, prompt_tokens=spec.prompt_tokens, payload=job)
+        self.hold_shares.owners.add(job.call.program.owner)
         job.wait_since = now
         if self.residency is not None:
             self.residency.waiting(job.context)
@@ -428,6 +465,8 @@ class SimEngine:
             self._schedule_waiting(batch, now)
         # A step that skipped admission is not repeated: the next one may admit.
         skipped = not admits and bool(self.core.waiting or self.loading)
+        if self.residency is not None:
+            self.hold_shares.observe(now, self.residency)
         return self._start(batch, now, steady=not (skipped and self.preset.exact_macro_steps))
 
     def _free_seats_for_waiters(self, now: float) -> None:
@@ -482,11 +521,16 @@ class SimEngine:
             # engine any (nothing would free them sooner).
             level = job.call.level if self.running or self.loading else -1
             if not self._admissible(job):
-                if job.call.promotions or level < 0:  # starving, or nothing runs
-                    self._make_room(self._footprint(job), level)
-                    if not self._admissible(job):
+                # Any waiter may take other owners' holds beyond their fair share; a
+                # starving one, or one on an idle engine, also worse-ranked holds.
+                rules, owner = self.residency, job.call.program.owner
+                assert rules is not None
+                starving = bool(job.call.promotions) or level < 0
+                taken = rules.breakable(level, owner) if starving else rules.excess(owner)
+                self._make_room(self._footprint(job), taken)
+                if not self._admissible(job):
+                    if starving:
                         break
-                else:
                     continue  # outside the working set: it waits, later calls may go
             hit = self.kv.hit(job)
             reload = self.host.hit(job) - hit if self.host else 0
@@ -670,23 +714,22 @@ class SimEngine:
         return self.residency.fits(blocks, self.kv.reclaimable, self.kv.largest_pinned())
 
     def _grow(self, job: Job, tokens: int, level: int) -> bool:
-        """:meth:`KVPool.grow`, breaking holds of programs worse than ``level`` if blocks
-        run out."""
+        """:meth:`KVPool.grow`, breaking holds if blocks run out: other owners' beyond
+        their fair share, then those of programs worse than ``level``."""
         if self.kv.grow(job, tokens):
             return True
         if self.residency is None:
             return False
-        for context in self.residency.breakable(level):
+        for context in self.residency.breakable(level, job.call.program.owner):
             self._break_hold(context)
             if self.kv.grow(job, tokens):
                 return True
         return False
 
-    def _make_room(self, blocks: int, level: int) -> None:
-        """Break holds of programs worse than ``level`` (-1: any) until ``blocks`` fit
-        beside the headroom."""
-        assert self.residency is not None
-        for context in self.residency.breakable(level):
+    def _make_room(self, blocks: int, breakable: list[str]) -> None:
+        """Break the holds of ``breakable``, in order, until ``blocks`` fit beside the
+        headroom."""
+        for context in breakable:
             if self._fits(blocks):
                 return
             self._break_hold(context)
