@@ -14,8 +14,8 @@ vLLM (through the adapter), for a KV-aware policy (``autellix-kv``):
 * **working set**: the waiting queue shows vLLM only the calls the rule
   admits (:meth:`EngineResidency.admissible`): a call of a program with no hold
   and no running call must fit its whole sequence in the free blocks beside the
-  headroom (other owners' holds beyond their fair share give way to it);
-  others wait and calls behind them go first;
+  headroom; others wait (cutting short other owners' holds past their fair
+  share, ``Residency.cut_for``) and calls behind them go first;
 * **KV pressure**: before each step, holds of the worst-ranked programs are
   released while the running calls' next tokens need more blocks than are free,
   so vLLM preempts a running call only when no hold is left to give up; and
@@ -118,7 +118,7 @@ class EngineResidency:
         demand = sum(adapter.kv_blocks_to_grow(scheduler, r) for r in running)
         worst_running = max((calls[r.request_id].level for r in running), default=-1)
         if demand > adapter.free_kv_blocks(scheduler):
-            self._break(self.rules.breakable(worst_running), demand)
+            self._break(worst_running, demand)
 
     def _order_victims(self, running: list[Request], calls: dict[str, Call]) -> None:
         """vLLM preempts by its own rule when a running call cannot get blocks; make
@@ -134,20 +134,21 @@ class EngineResidency:
         adapter.set_kv_victim_order(sorted(running, key=key, reverse=True))
 
     def admissible(self, call: Call) -> bool:
-        """The working-set rule for a waiting call. Other owners' holds beyond their
-        fair share give way to it; an idle engine (nothing running) also gives up
-        holds for the best waiter; a starving call for itself."""
+        """The working-set rule for a waiting call. An idle engine (nothing running)
+        first gives up holds for the best waiter; a starving call for itself; any
+        other that waits has other owners' holds past their fair share cut short."""
         program_id = call.program.program_id
         if program_id in self._running or program_id in self.rules:
             return True
         need = adapter.kv_blocks_needed(self.scheduler, call.payload)
         if self._fits(need):
             return True
-        self._break(self.rules.excess(call.program.owner), need)
         if not self._running or call.promotions:
-            level = -1 if not self._running else call.level
-            self._break(self.rules.breakable(level, call.program.owner), need)
-        return self._fits(need)
+            self._break(-1 if not self._running else call.level, need)
+            return self._fits(need)
+        free = adapter.free_kv_blocks(self.scheduler)
+        self.rules.cut_for(call.program.owner, time.time(), need, free, self._largest)
+        return False
 
     def kv_blocks_needed(self, call: Call) -> int:
         """New blocks the waiting ``call`` needs to compute its whole sequence: its
@@ -164,10 +165,10 @@ class EngineResidency:
         free = adapter.free_kv_blocks(self.scheduler)
         return self.rules.fits(need, free, self._largest)
 
-    def _break(self, breakable: list[str], need: int) -> None:
-        """Release the holds of ``breakable``, in order, until ``need`` blocks are free
-        beside the headroom."""
-        for program_id in breakable:
+    def _break(self, level: int, need: int) -> None:
+        """Release holds of programs worse than ``level`` (-1: any), worst first,
+        until ``need`` blocks are free beside the headroom."""
+        for program_id in self.rules.breakable(level):
             if self._fits(need):
                 return
             self.rules.break_hold(program_id)

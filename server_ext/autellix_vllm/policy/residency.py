@@ -24,16 +24,21 @@ working set keeps processes within memory:
   contexts. A call that anti-starvation promoted may break holds of programs in
   worse levels: every wait stays bounded.
 * **Fair share.** Retention hints come from clients, so a client could claim
-  the longest hold for every program it runs. Holds are therefore shared among
-  owners (``Program.owner``, whom the router states) as well as by rank: while
-  calls of another owner wait, an owner's holds together stay within its fair
-  share, the hold budget divided by the owners that contend for it (those
-  holding and those with calls waiting). A hold that would take its owner
-  past its share is refused, and the holds an owner has beyond its share are
-  the first any other owner's call may take blocks from (its worst first),
-  whatever their rank. When no other owner waits, holds use what is free. A
-  hint only sets how long a hold lasts: it never changes a program's level,
-  so it never ranks a program's calls or holds higher.
+  the longest hold for every program it runs. What a hint buys is the part of
+  a hold past the engine's own estimate, and that part is shared among owners
+  (``Program.owner``, whom the router states): while calls of another owner
+  wait, a hold that takes its owner past its fair share (the budget divided
+  among the owners that contend for it: those holding and those with calls
+  waiting) lasts no longer than the engine's own estimate, whatever its hint;
+  and when another owner's call cannot be admitted for lack of KV, the holds
+  others have past their share are cut back to that estimate (the longest
+  claims first), if ending them would let the call in. A hint may always
+  shorten a hold, and when no other owner waits, holds use what is free. A
+  hint never changes a program's level, so it never ranks a program's calls
+  or holds higher. The share binds only what hints buy: holding by the
+  engine's own estimate stays ranked by program alone, because cutting an
+  honest long context to an owner's share costs its whole prefill when the
+  program returns (docs/scheduling.md, "Hints and the fair share").
 * **Victim cost.** When KV runs out under running calls, holds of worse-ranked
   programs go first; then, among the running calls of the worst level, the one
   whose preemption is cheapest to undo (nothing cached is cheapest, a reload
@@ -82,6 +87,8 @@ class Hold:
     level: int
     until: float  # inf while a call of the context waits to be admitted
     seq: int
+    # When the engine's own estimate would end it (a later ``until`` is the hint's claim).
+    own_until: float = 0.0
 
     @property
     def owner(self) -> str:
@@ -119,7 +126,7 @@ class Residency:
         self.taken = 0
         self.expired_count = 0
         self.broken = 0
-        self.capped = 0  # refused because their owner was at its fair share
+        self.cut = 0  # claims cut to the engine's estimate for their owner's fair share
 
     @property
     def budget_blocks(self) -> int:
@@ -140,7 +147,7 @@ class Residency:
             "holds_taken": self.taken,
             "holds_expired": self.expired_count,
             "holds_broken": self.broken,
-            "holds_capped": self.capped,
+            "holds_cut": self.cut,
         }
 
     # ---- retention ------------------------------------------------------------------
@@ -154,11 +161,11 @@ class Residency:
         hint_s: float | None = None,
         reloadable: bool = False,
     ) -> list[str]:
-        """``context`` went idle with ``blocks`` cached: hold it if the budget and its
-        owner's fair share allow, displacing other owners' holds beyond their share
-        (if its owner stays within its own) and holds of worse-ranked programs
-        (worst first, oldest first), for the client's hint or the estimate
-        (``ResidencyConfig.ttl_s``; ``reloadable``: a host tier keeps the context).
+        """``context`` went idle with ``blocks`` cached: hold it if the budget allows,
+        displacing holds of worse-ranked programs (worst first, oldest first), for
+        the client's hint or the estimate (``ResidencyConfig.ttl_s``; ``reloadable``:
+        a host tier keeps the context); a hint no longer than the estimate if the
+        hold takes its owner past its fair share while other owners' calls wait.
 
         Returns the contexts whose holds ended to make room; the engine releases
         them. Whether ``context`` itself is held: ``context in residency``.
@@ -168,16 +175,11 @@ class Residency:
         if program.ended or blocks <= 0:
             return []
         owner = program.owner
-        if self._over_share(owner, blocks):
-            self.capped += 1
-            self.refused += 1
-            return []
         level = self.level_of(program)
         ended: list[str] = []
         room = self.budget_blocks - self.held_blocks
         if blocks > room:
-            within = self.held_by_owner[owner] + blocks <= self.fair_share(owner)
-            victims = [self.holds[c] for c in self.breakable(level, owner if within else None)]
+            victims = [self.holds[c] for c in self.breakable(level)]
             if blocks > room + sum(h.blocks for h in victims):
                 self.refused += 1
                 return []
@@ -187,8 +189,12 @@ class Residency:
                 room += victim.blocks
                 self.break_hold(victim.context)
                 ended.append(victim.context)
+        own_until = now + self.config.ttl_s(program, None, reloadable)
         until = now + self.config.ttl_s(program, hint_s, reloadable)
-        held = Hold(context, program, blocks, level, until, next(self._seq))
+        if until > own_until and self._past_share(owner, blocks):
+            until = own_until
+            self.cut += 1
+        held = Hold(context, program, blocks, level, until, next(self._seq), own_until)
         self.holds[context] = held
         self.held_blocks += blocks
         self.held_by_owner[owner] += blocks
@@ -258,15 +264,11 @@ class Residency:
             heapq.heappop(heap)
         return None
 
-    def breakable(self, level: int, owner: str | None = None) -> list[str]:
-        """What a call of ``level`` (run by ``owner``, if given) may take blocks from:
-        first the holds other owners have beyond their fair share (:meth:`excess`),
-        then the held contexts of programs in a level worse than ``level``, worst
-        first and, within a level, oldest first."""
-        first = self.excess(owner) if owner is not None else []
-        taken = set(first)
-        worse = (h for h in self.holds.values() if h.level > level and h.context not in taken)
-        return first + [h.context for h in self._worst_first(worse)]
+    def breakable(self, level: int) -> list[str]:
+        """Held contexts of programs in a level worse than ``level``, worst first and,
+        within a level, oldest first: what a call of ``level`` may take blocks from."""
+        worse = (h for h in self.holds.values() if h.level > level)
+        return [h.context for h in self._worst_first(worse)]
 
     # ---- the fair share among owners --------------------------------------------------
 
@@ -277,10 +279,12 @@ class Residency:
         owners = {asking, *self.held_by_owner, *self.waiting_owners()}
         return self.budget_blocks // len(owners)
 
-    def excess(self, owner: str) -> list[str]:
-        """Holds of owners other than ``owner`` beyond their fair share while ``owner``
-        wants KV, each owner's worst first, as many as take it back to its share:
-        what any call of ``owner`` may take blocks from, whatever its rank."""
+    def excess(self, owner: str, now: float) -> list[str]:
+        """Holds of owners other than ``owner`` that last past the engine's own
+        estimate on a hint's claim while their owner is past its fair share (as
+        ``owner`` wants KV): the longest claims first, as many as take each owner
+        back to its share. A hold whose program's call waits to be admitted is
+        not among them (it is about to be used)."""
         if not self.config.fair_share or not any(o != owner for o in self.held_by_owner):
             return []
         share = self.fair_share(owner)
@@ -288,16 +292,47 @@ class Residency:
         for other, held in self.held_by_owner.items():
             if other == owner or held <= share:
                 continue
-            for hold in self._worst_first(h for h in self.holds.values() if h.owner == other):
+            claims = (
+                h
+                for h in self.holds.values()
+                if h.owner == other and max(h.own_until, now) < h.until < math.inf
+            )
+            for hold in sorted(claims, key=lambda h: (-h.until, h.seq)):
                 if held <= share:
                     break
-                out.append(hold.context)
                 held -= hold.blocks
+                out.append(hold.context)
         return out
 
-    def _over_share(self, owner: str, blocks: int) -> bool:
-        """Whether holding ``blocks`` more would take ``owner`` past its fair share
-        while another owner's calls wait."""
+    def cut_for(
+        self,
+        owner: str,
+        now: float,
+        context_blocks: int,
+        reclaimable_blocks: int,
+        largest_resident: int = 0,
+    ) -> int:
+        """A call of ``owner`` whose context is not resident waits for KV: cut the
+        claims of other owners past their fair share (:meth:`excess`) back to the
+        engine's own estimate (or ``now``, if that has passed), if ending them would
+        let the call in (:meth:`fits`). Returns how many were cut; the engine ends
+        them with :meth:`expired`."""
+        excess = self.excess(owner, now)
+        freed = sum(self.holds[context].blocks for context in excess)
+        if not excess or not self.fits(
+            context_blocks, reclaimable_blocks + freed, largest_resident
+        ):
+            return 0
+        for context in excess:
+            held = self.holds[context]
+            held.until = max(held.own_until, now)
+            heapq.heappush(self._expiry, (held.until, held.seq, context))
+        self.cut += len(excess)
+        return len(excess)
+
+    def _past_share(self, owner: str, blocks: int) -> bool:
+        """Whether holding ``blocks`` more takes ``owner`` past its fair share while
+        another owner's calls wait."""
         if not self.config.fair_share or not any(o != owner for o in self.waiting_owners()):
             return False
         return self.held_by_owner[owner] + blocks > self.fair_share(owner)

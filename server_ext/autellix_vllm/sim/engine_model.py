@@ -521,16 +521,11 @@ class SimEngine:
             # engine any (nothing would free them sooner).
             level = job.call.level if self.running or self.loading else -1
             if not self._admissible(job):
-                # Any waiter may take other owners' holds beyond their fair share; a
-                # starving one, or one on an idle engine, also worse-ranked holds.
-                rules, owner = self.residency, job.call.program.owner
-                assert rules is not None
-                starving = bool(job.call.promotions) or level < 0
-                taken = rules.breakable(level, owner) if starving else rules.excess(owner)
-                self._make_room(self._footprint(job), taken)
-                if not self._admissible(job):
-                    if starving:
+                if job.call.promotions or level < 0:  # starving, or nothing runs
+                    self._make_room(self._footprint(job), level)
+                    if not self._admissible(job):
                         break
+                elif not self._cut_for(job, now):
                     continue  # outside the working set: it waits, later calls may go
             hit = self.kv.hit(job)
             reload = self.host.hit(job) - hit if self.host else 0
@@ -714,25 +709,39 @@ class SimEngine:
         return self.residency.fits(blocks, self.kv.reclaimable, self.kv.largest_pinned())
 
     def _grow(self, job: Job, tokens: int, level: int) -> bool:
-        """:meth:`KVPool.grow`, breaking holds if blocks run out: other owners' beyond
-        their fair share, then those of programs worse than ``level``."""
+        """:meth:`KVPool.grow`, breaking holds of programs worse than ``level`` if blocks
+        run out."""
         if self.kv.grow(job, tokens):
             return True
         if self.residency is None:
             return False
-        for context in self.residency.breakable(level, job.call.program.owner):
+        for context in self.residency.breakable(level):
             self._break_hold(context)
             if self.kv.grow(job, tokens):
                 return True
         return False
 
-    def _make_room(self, blocks: int, breakable: list[str]) -> None:
-        """Break the holds of ``breakable``, in order, until ``blocks`` fit beside the
-        headroom."""
-        for context in breakable:
+    def _make_room(self, blocks: int, level: int) -> None:
+        """Break holds of programs worse than ``level`` (-1: any) until ``blocks`` fit
+        beside the headroom."""
+        assert self.residency is not None
+        for context in self.residency.breakable(level):
             if self._fits(blocks):
                 return
             self._break_hold(context)
+
+    def _cut_for(self, job: Job, now: float) -> bool:
+        """``job`` waits outside the working set: other owners' claims past their fair
+        share are cut (``Residency.cut_for``) and those that end now released. True
+        if that let ``job`` in."""
+        assert self.residency is not None and job.call is not None
+        cut = self.residency.cut_for(
+            job.call.program.owner, now, self._footprint(job), self.kv.reclaimable,
+            self.kv.largest_pinned(),
+        )  # fmt: skip
+        if cut:
+            self._expire_holds(now)
+        return bool(cut) and self._admissible(job)
 
     def _break_hold(self, context: str) -> None:
         assert self.residency is not None
