@@ -62,3 +62,16 @@ def test_the_crossing_is_the_highest_passing_and_lowest_failing_rate(capsys):
         assert crossing["highest_passing"] == max(passing, default=0.0)
         assert len(rates) == 3 and grid["slo"] > 0
     assert crossings[0]["ratio_passing"] == 1.0
+
+
+def test_the_fair_share_compares_the_others_with_and_without_the_claims(capsys):
+    args = ["--programs", "6", "--rate", "0.05", "--owners", "2", "--seeds", "0",
+            "--workers", "1"]  # fmt: skip
+    assert experiment("fair_share").main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    (row,) = result["seeds"]
+    honest, greedy = row["others_avg"]
+    assert row["avg_ratio"] == pytest.approx(greedy / honest)
+    assert result["fair_share"] is True and result["fair_share_of_budget"] == 0.5
+    # The greedy owner's claims show in its held share, which stays within [0, 1].
+    assert all(0 <= share <= 1 for share in row["greedy_held_share"])
