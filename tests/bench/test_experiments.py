@@ -70,3 +70,16 @@ def test_every_timed_call_finds_the_program_its_conversation_began(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["found_its_program"] == 100 and result["derived_programs"] == 50
     assert 0 < result["median_ms"] <= result["p99_ms"]
+
+
+def test_the_fair_share_compares_the_others_with_and_without_the_claims(capsys):
+    args = ["--programs", "6", "--rate", "0.05", "--owners", "2", "--seeds", "0",
+            "--workers", "1"]  # fmt: skip
+    assert experiment("fair_share").main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    (row,) = result["seeds"]
+    honest, greedy = row["others_avg"]
+    assert row["avg_ratio"] == pytest.approx(greedy / honest)
+    assert result["fair_share"] is True and result["fair_share_of_budget"] == 0.5
+    # The greedy owner's claims show in its held share, which stays within [0, 1].
+    assert all(0 <= share <= 1 for share in row["greedy_held_share"])

@@ -201,10 +201,14 @@ async def test_other_paths_and_unparsable_bodies_are_left_to_vllm(app, inner):
     assert status == 400
 
 
-# ---- the prior service: only from the key's holder ---------------------------------
+# ---- the prior service and the owner: only from the key's holder ---------------------
 
 PRIOR = ("X-Autellix-Prior-Service", "1e300")
-BODY_WITH_PRIOR = {**BODY, "vllm_xargs": {"autellix_prior_service": 1e300, "mine": 1}}
+OWNER = ("X-Autellix-Owner", "key-router-said")
+BODY_WITH_PRIOR = {
+    **BODY,
+    "vllm_xargs": {"autellix_prior_service": 1e300, "autellix_owner": "key-x", "mine": 1},
+}
 
 
 @pytest.mark.parametrize(
@@ -214,7 +218,7 @@ BODY_WITH_PRIOR = {**BODY, "vllm_xargs": {"autellix_prior_service": 1e300, "mine
 async def test_a_keyed_engine_drops_prior_service_from_callers_without_its_key(
     keyed_app, inner, authorization
 ):
-    headers = [("X-Autellix-Program-Id", "victim"), PRIOR]
+    headers = [("X-Autellix-Program-Id", "victim"), PRIOR, OWNER]
     if authorization:
         headers.append(("Authorization", authorization))
     await call(keyed_app, json.dumps(BODY_WITH_PRIOR).encode(), headers)
@@ -223,13 +227,15 @@ async def test_a_keyed_engine_drops_prior_service_from_callers_without_its_key(
 
 
 async def test_a_keyed_engine_takes_prior_service_from_its_key_holder(keyed_app, inner):
-    headers = [PRIOR, ("Authorization", f"bearer {KEY}")]  # the scheme in any case, as vLLM
+    headers = [PRIOR, OWNER, ("Authorization", f"bearer {KEY}")]  # any scheme case, as vLLM
     await call(keyed_app, json.dumps(BODY_WITH_PRIOR).encode(), headers)
-    assert json.loads(inner.calls[0][1])["vllm_xargs"]["autellix_prior_service"] == 1e300
+    forwarded = json.loads(inner.calls[0][1])["vllm_xargs"]
+    assert forwarded["autellix_prior_service"] == 1e300
+    assert forwarded["autellix_owner"] == "key-router-said"  # the header wins
 
 
 async def test_an_engine_without_a_key_takes_no_prior_service_from_anyone(app, inner):
-    await call(app, json.dumps(BODY_WITH_PRIOR).encode(), [PRIOR, AUTHORIZED])
+    await call(app, json.dumps(BODY_WITH_PRIOR).encode(), [PRIOR, OWNER, AUTHORIZED])
     assert json.loads(inner.calls[0][1])["vllm_xargs"] == {"mine": 1}
 
 

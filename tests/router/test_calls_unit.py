@@ -87,9 +87,13 @@ def test_an_agent_hint_names_the_program_last_and_stays_in_the_body():
     assert (error.status, error.param) == (400, "agent_hint.cache_control.ttl")
 
 
-def test_the_call_carries_the_identity_without_the_clients_prior_service():
-    headers = {"X-Autellix-Program-Id": "p", "X-Autellix-Prior-Service": "1e9"}
-    assert read({"model": "m"}, headers).identity == CallIdentity("p")
+def test_the_call_carries_the_identity_without_the_clients_prior_service_or_owner():
+    headers = {"X-Autellix-Program-Id": "p", "X-Autellix-Prior-Service": "1e9",
+               "X-Autellix-Owner": "key-someone-else"}  # fmt: skip
+    body = {"model": "m", "vllm_xargs": {"autellix_owner": "key-x", "mine": 1}}
+    call = read(body, headers)
+    assert call.identity == CallIdentity("p")
+    assert json.loads(call.raw)["vllm_xargs"] == {"mine": 1}
 
 
 def test_the_retention_hint_is_read_clamped_and_its_body_key_stripped():

@@ -30,7 +30,7 @@ from aiohttp import web
 from autellix_vllm.cli.ps import format_table
 from autellix_vllm.policy.config import ProgramLimits, ResidencyConfig, ServiceMeter
 from autellix_vllm.router import RouterConfig
-from autellix_vllm.router.keys import load_api_keys
+from autellix_vllm.router.keys import load_api_keys, owner_of
 from polling import eventually
 from router_http import (
     PROGRAMS,
@@ -218,11 +218,13 @@ async def test_the_engine_gets_the_engine_key_and_only_the_routers_scheduling_fi
             "Authorization": "Bearer client-key",
             "X-Autellix-Program-Id": "mine",
             "X-Autellix-Prior-Service": "1e300",
+            "X-Autellix-Owner": "key-someone-else",
         }
         body = completion(
             MODEL,
-            vllm_xargs={"autellix_prior_service": 1e300, "autellix_thread_id": "t1", "top_k": 5},
-        )
+            vllm_xargs={"autellix_prior_service": 1e300, "autellix_owner": "key-x",
+                        "autellix_thread_id": "t1", "top_k": 5},
+        )  # fmt: skip
         for _ in range(2):
             status, _ = await request(
                 "POST", router.url + "/v1/completions", json=body, headers=forged
@@ -247,6 +249,7 @@ async def test_the_engine_gets_the_engine_key_and_only_the_routers_scheduling_fi
         assert json.loads(sent.body)["vllm_xargs"] == {"top_k": 5}  # the forged keys are gone
         assert sent.headers["X-Autellix-Program-Id"] == "mine"
         assert sent.headers["X-Autellix-Thread-Id"] == "t1"  # what the router accepted
+        assert sent.headers["X-Autellix-Owner"] == owner_of("client-key")  # the router's
     assert "X-Autellix-Prior-Service" not in first.headers  # no service yet: none sent
     assert float(second.headers["X-Autellix-Prior-Service"]) == USAGE_SERVICE
     assert float(third.headers["X-Autellix-Prior-Service"]) == ProgramLimits().max_prior_service

@@ -14,7 +14,8 @@ vLLM (through the adapter), for a KV-aware policy (``autellix-kv``):
 * **working set**: the waiting queue shows vLLM only the calls the rule
   admits (:meth:`EngineResidency.admissible`): a call of a program with no hold
   and no running call must fit its whole sequence in the free blocks beside the
-  headroom; others wait and calls behind them go first;
+  headroom; others wait (cutting short other owners' holds past their fair
+  share, ``Residency.cut_for``) and calls behind them go first;
 * **KV pressure**: before each step, holds of the worst-ranked programs are
   released while the running calls' next tokens need more blocks than are free,
   so vLLM preempts a running call only when no hold is left to give up; and
@@ -44,7 +45,10 @@ class EngineResidency:
         self.scheduler = scheduler
         self.core = core
         self.rules = Residency(
-            core.config.residency, adapter.total_kv_blocks(scheduler), core.program_level
+            core.config.residency,
+            adapter.total_kv_blocks(scheduler),
+            core.program_level,
+            core.waiting.owners,
         )
         self._blocks: dict[str, list[object]] = {}  # held program -> its referenced blocks
         self._running: set[str] = set()  # programs with a running call, as of this step
@@ -131,7 +135,8 @@ class EngineResidency:
 
     def admissible(self, call: Call) -> bool:
         """The working-set rule for a waiting call. An idle engine (nothing running)
-        first gives up holds for the best waiter; a starving call for itself."""
+        first gives up holds for the best waiter; a starving call for itself; any
+        other that waits has other owners' holds past their fair share cut short."""
         program_id = call.program.program_id
         if program_id in self._running or program_id in self.rules:
             return True
@@ -141,6 +146,8 @@ class EngineResidency:
         if not self._running or call.promotions:
             self._break(-1 if not self._running else call.level, need)
             return self._fits(need)
+        free = adapter.free_kv_blocks(self.scheduler)
+        self.rules.cut_for(call.program.owner, time.time(), need, free, self._largest)
         return False
 
     def kv_blocks_needed(self, call: Call) -> int:

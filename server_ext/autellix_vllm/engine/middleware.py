@@ -8,9 +8,10 @@ the ``X-Autellix-*`` headers win over the body's keys) and writes it into that
 dict, where the scheduler finds it. A malformed value is answered with
 OpenAI's error body and status 400, without forwarding the request.
 
-The prior service states how much another engine served a program, so it
-reaches the scheduler only from a caller holding the engine key
-(:func:`~autellix_vllm.engine.settings.engine_key`, sent as
+What only the router states (``ROUTER_STATED``: the prior service, how much
+another engine served a program, and the owner, whose fair share of held KV
+the program draws on) reaches the scheduler only from a caller holding the
+engine key (:func:`~autellix_vllm.engine.settings.engine_key`, sent as
 ``Authorization: Bearer <key>``); from anyone else it is dropped, from the
 headers and from the body of every JSON POST (vLLM takes ``vllm_xargs`` on more
 routes than the generation ones).
@@ -52,7 +53,8 @@ from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol.bearer import holds_key
 from autellix_vllm.protocol.identity import (
     AGENT_HINT_FIELD,
-    PRIOR_SERVICE,
+    IDENTITY_XARGS,
+    ROUTER_STATED,
     SESSION_ID_FIELD,
     XARGS_FIELD,
     Header,
@@ -70,6 +72,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# The vllm_xargs keys of what only the router states.
+_ROUTER_STATED_XARGS = tuple(IDENTITY_XARGS[field] for field in ROUTER_STATED)
 # The error code of a body that is not the JSON a route needs (as the router's).
 INVALID_JSON = "invalid_json"
 
@@ -109,7 +113,7 @@ class IdentityMiddleware:
             if scope["path"].rstrip("/") in GENERATION_PATHS:
                 new_body = rewrite_body(body, headers, trust_prior_service=trusted)
             else:
-                new_body = body if trusted else drop_prior_service(body)
+                new_body = body if trusted else drop_router_stated(body)
         except IdentityError as exc:
             await send_openai_error(send, 400, str(exc), exc.code, exc.param)
             return
@@ -128,8 +132,9 @@ class IdentityMiddleware:
 def rewrite_body(body: bytes, headers: Iterable[Header], trust_prior_service: bool = True) -> bytes:
     """The body with the call's identity written into its ``vllm_xargs``.
 
-    Other ``vllm_xargs`` keys are kept. Unless ``trust_prior_service``, the
-    prior service is left out, and removed from the body's ``vllm_xargs``.
+    Other ``vllm_xargs`` keys are kept. Unless ``trust_prior_service``, what only
+    the router states (the prior service, the owner) is left out, and removed
+    from the body's ``vllm_xargs``.
     Returns ``body`` itself (the same object) when nothing changes or the body
     is not a JSON object with a dict (or absent) ``vllm_xargs``; those are left
     for vLLM to reject. Raises :class:`IdentityError` for a malformed identity
@@ -154,7 +159,8 @@ def rewrite_body(body: bytes, headers: Iterable[Header], trust_prior_service: bo
         return body
     new_xargs = {**(body_xargs or {}), **identity.as_xargs()}
     if not trust_prior_service:
-        new_xargs.pop(PRIOR_SERVICE, None)
+        for key in _ROUTER_STATED_XARGS:
+            new_xargs.pop(key, None)
     if new_xargs == (body_xargs or {}):
         return body
     if XARGS_FIELD not in payload and payload and _opens_in_utf8(body):
@@ -176,14 +182,16 @@ def _with_first_key(body: bytes, key: str, value: Any) -> bytes:
     return body[:start] + json.dumps({key: value})[1:-1].encode() + b", " + body[start:]
 
 
-def drop_prior_service(body: bytes) -> bytes:
-    """``body`` without ``vllm_xargs.autellix_prior_service`` (the same object if
-    it has none, or is not a JSON object)."""
+def drop_router_stated(body: bytes) -> bytes:
+    """``body`` without the ``vllm_xargs`` keys only the router states (the same
+    object if it has none, or is not a JSON object)."""
     payload = _parse(body)
     xargs = payload.get(XARGS_FIELD) if isinstance(payload, dict) else None
-    if not isinstance(xargs, dict) or PRIOR_SERVICE not in xargs:
+    found = [key for key in _ROUTER_STATED_XARGS if key in xargs] if isinstance(xargs, dict) else []
+    if not found:
         return body
-    del xargs[PRIOR_SERVICE]
+    for key in found:
+        del xargs[key]
     return _dump(payload)
 
 

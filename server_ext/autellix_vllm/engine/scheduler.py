@@ -48,7 +48,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import replace
 from typing import Any
 
 from autellix_vllm.engine import _vllm_adapter as adapter
@@ -63,7 +62,7 @@ from autellix_vllm.engine.block_holds import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
 from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler, Rank
 from autellix_vllm.policy.residency import SKIPPED_WAITERS
-from autellix_vllm.protocol.identity import NO_IDENTITY
+from autellix_vllm.protocol.identity import NO_IDENTITY, without_router_stated
 
 logger = logging.getLogger(__name__)
 
@@ -244,8 +243,8 @@ class AutellixSchedulerMixin:
                     " Further ones are counted in calls_without_identity."
                 )
             self.calls_without_identity += 1
-        if identity.prior_service is not None and not self.trust_prior_service:
-            identity = replace(identity, prior_service=None)
+        if not self.trust_prior_service:
+            identity = without_router_stated(identity)
         self.calls[request.request_id] = self.core.add_call(
             identity,
             time.time(),

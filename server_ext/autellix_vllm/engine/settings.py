@@ -131,8 +131,9 @@ class SchedulerSettings:
 
     policy: str = DEFAULT_POLICY
     config: PolicyConfig = field(default_factory=PolicyConfig)
-    # Honour the prior service calls carry: only an engine with a key, whose
-    # middleware drops the field from callers without the key.
+    # Honour what only the router states (the prior service and owner calls
+    # carry): only an engine with a key, whose middleware drops these fields from
+    # callers without the key.
     trust_prior_service: bool = False
 
     @classmethod

@@ -181,6 +181,10 @@ class ResidencyConfig:
     reload_ttl_gaps: float = 4.0
     min_ttl_s: float = 1.0
     max_ttl_s: float = 60.0
+    # While another owner's calls wait, an owner's holds together stay within its
+    # fair share of the hold budget (policy.residency). False: holds are shared by
+    # rank alone, whoever runs the programs (for comparison).
+    fair_share: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.hold_share <= 1 or not 0 <= self.headroom < 1:

@@ -123,7 +123,9 @@ class ProgramScheduler:
                     return self._admit(call, prompt_tokens, payload)
             else:
                 self.table.calls_over_limit[crossed.limit] += 1
-        program = self.table.open(alone_id or ANONYMOUS_PREFIX + call_id, now_s)
+        program = self.table.open(
+            alone_id or ANONYMOUS_PREFIX + call_id, now_s, owner=identity.owner
+        )
         program.ended = True  # it leaves the table with its only call
         call = Call(call_id, program, program.thread(None), now_s, identity=identity)
         base = self._base(call, "the call ranks as a new program")
@@ -133,7 +135,7 @@ class ProgramScheduler:
     def _join(self, call_id: str, identity: CallIdentity, now_s: float) -> Call | None:
         """The call as part of its program; None if the policy cannot place it."""
         assert identity.program_id is not None
-        program = self.table.open(identity.program_id, now_s)
+        program = self.table.open(identity.program_id, now_s, owner=identity.owner)
         if not program.busy and program.last_completion_s is not None:
             program.gaps += 1  # it was idle, in a tool, since its last call ended
             program.gap_total_s += max(0.0, now_s - program.last_completion_s)

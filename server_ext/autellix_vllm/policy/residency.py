@@ -23,6 +23,22 @@ working set keeps processes within memory:
   Otherwise it waits, and calls behind it may go first; it does not evict held
   contexts. A call that anti-starvation promoted may break holds of programs in
   worse levels: every wait stays bounded.
+* **Fair share.** Retention hints come from clients, so a client could claim
+  the longest hold for every program it runs. What a hint buys is the part of
+  a hold past the engine's own estimate, and that part is shared among owners
+  (``Program.owner``, whom the router states): while calls of another owner
+  wait, a hold that takes its owner past its fair share (the budget divided
+  among the owners that contend for it: those holding and those with calls
+  waiting) lasts no longer than the engine's own estimate, whatever its hint;
+  and when another owner's call cannot be admitted for lack of KV, the holds
+  others have past their share are cut back to that estimate (the longest
+  claims first), if ending them would let the call in. A hint may always
+  shorten a hold, and when no other owner waits, holds use what is free. A
+  hint never changes a program's level, so it never ranks a program's calls
+  or holds higher. The share binds only what hints buy: holding by the
+  engine's own estimate stays ranked by program alone, because cutting an
+  honest long context to an owner's share costs its whole prefill when the
+  program returns (docs/scheduling.md, "Hints and the fair share").
 * **Victim cost.** When KV runs out under running calls, holds of worse-ranked
   programs go first; then, among the running calls of the worst level, the one
   whose preemption is cheapest to undo (nothing cached is cheapest, a reload
@@ -37,7 +53,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from .config import ResidencyConfig
@@ -70,13 +87,21 @@ class Hold:
     level: int
     until: float  # inf while a call of the context waits to be admitted
     seq: int
+    # When the engine's own estimate would end it (a later ``until`` is the hint's claim).
+    own_until: float = 0.0
+
+    @property
+    def owner(self) -> str:
+        return self.program.owner
 
 
 class Residency:
     """The holds of one engine and the working-set rule (see the module docstring).
 
     ``level_of`` gives a program's level as its next call would enter it; holds
-    are compared by it (higher is worse).
+    are compared by it (higher is worse). ``waiting_owners`` gives the owners
+    with calls waiting on the engine (the wait queue's ``owners``); by default
+    nobody waits, and the fair share never binds.
     """
 
     def __init__(
@@ -84,12 +109,15 @@ class Residency:
         config: ResidencyConfig,
         capacity_blocks: int,
         level_of: Callable[[Program], int],
+        waiting_owners: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.config = config
         self.capacity_blocks = capacity_blocks
         self.level_of = level_of
+        self.waiting_owners = waiting_owners
         self.holds: dict[str, Hold] = {}
         self.held_blocks = 0
+        self.held_by_owner: Counter[str] = Counter()  # owner -> its held blocks (> 0)
         self._seq = itertools.count()
         self._expiry: list[tuple[float, int, str]] = []  # (until, seq, context), lazily stale
         # Counters, for reports.
@@ -98,6 +126,7 @@ class Residency:
         self.taken = 0
         self.expired_count = 0
         self.broken = 0
+        self.cut = 0  # claims cut to the engine's estimate for their owner's fair share
 
     @property
     def budget_blocks(self) -> int:
@@ -118,6 +147,7 @@ class Residency:
             "holds_taken": self.taken,
             "holds_expired": self.expired_count,
             "holds_broken": self.broken,
+            "holds_cut": self.cut,
         }
 
     # ---- retention ------------------------------------------------------------------
@@ -134,7 +164,8 @@ class Residency:
         """``context`` went idle with ``blocks`` cached: hold it if the budget allows,
         displacing holds of worse-ranked programs (worst first, oldest first), for
         the client's hint or the estimate (``ResidencyConfig.ttl_s``; ``reloadable``:
-        a host tier keeps the context).
+        a host tier keeps the context); a hint no longer than the estimate if the
+        hold takes its owner past its fair share while other owners' calls wait.
 
         Returns the contexts whose holds ended to make room; the engine releases
         them. Whether ``context`` itself is held: ``context in residency``.
@@ -143,24 +174,30 @@ class Residency:
             self._drop(context)
         if program.ended or blocks <= 0:
             return []
+        owner = program.owner
         level = self.level_of(program)
         ended: list[str] = []
         room = self.budget_blocks - self.held_blocks
         if blocks > room:
-            worse = [h for h in self._worst_first(self.holds.values()) if h.level > level]
-            if blocks > room + sum(h.blocks for h in worse):
+            victims = [self.holds[c] for c in self.breakable(level)]
+            if blocks > room + sum(h.blocks for h in victims):
                 self.refused += 1
                 return []
-            for victim in worse:
+            for victim in victims:
                 if blocks <= room:
                     break
                 room += victim.blocks
                 self.break_hold(victim.context)
                 ended.append(victim.context)
+        own_until = now + self.config.ttl_s(program, None, reloadable)
         until = now + self.config.ttl_s(program, hint_s, reloadable)
-        held = Hold(context, program, blocks, level, until, next(self._seq))
+        if until > own_until and self._past_share(owner, blocks):
+            until = own_until
+            self.cut += 1
+        held = Hold(context, program, blocks, level, until, next(self._seq), own_until)
         self.holds[context] = held
         self.held_blocks += blocks
+        self.held_by_owner[owner] += blocks
         heapq.heappush(self._expiry, (until, held.seq, context))
         self.granted += 1
         return ended
@@ -233,9 +270,79 @@ class Residency:
         worse = (h for h in self.holds.values() if h.level > level)
         return [h.context for h in self._worst_first(worse)]
 
+    # ---- the fair share among owners --------------------------------------------------
+
+    def fair_share(self, asking: str) -> int:
+        """Blocks of the hold budget each owner may hold while ``asking`` wants KV:
+        the budget divided among the owners contending for it (those holding, those
+        with calls waiting, and ``asking``)."""
+        owners = {asking, *self.held_by_owner, *self.waiting_owners()}
+        return self.budget_blocks // len(owners)
+
+    def excess(self, owner: str, now: float) -> list[str]:
+        """Holds of owners other than ``owner`` that last past the engine's own
+        estimate on a hint's claim while their owner is past its fair share (as
+        ``owner`` wants KV): the longest claims first, as many as take each owner
+        back to its share. A hold whose program's call waits to be admitted is
+        not among them (it is about to be used)."""
+        if not self.config.fair_share or not any(o != owner for o in self.held_by_owner):
+            return []
+        share = self.fair_share(owner)
+        out: list[str] = []
+        for other, held in self.held_by_owner.items():
+            if other == owner or held <= share:
+                continue
+            claims = (
+                h
+                for h in self.holds.values()
+                if h.owner == other and max(h.own_until, now) < h.until < math.inf
+            )
+            for hold in sorted(claims, key=lambda h: (-h.until, h.seq)):
+                if held <= share:
+                    break
+                held -= hold.blocks
+                out.append(hold.context)
+        return out
+
+    def cut_for(
+        self,
+        owner: str,
+        now: float,
+        context_blocks: int,
+        reclaimable_blocks: int,
+        largest_resident: int = 0,
+    ) -> int:
+        """A call of ``owner`` whose context is not resident waits for KV: cut the
+        claims of other owners past their fair share (:meth:`excess`) back to the
+        engine's own estimate (or ``now``, if that has passed), if ending them would
+        let the call in (:meth:`fits`). Returns how many were cut; the engine ends
+        them with :meth:`expired`."""
+        excess = self.excess(owner, now)
+        freed = sum(self.holds[context].blocks for context in excess)
+        if not excess or not self.fits(
+            context_blocks, reclaimable_blocks + freed, largest_resident
+        ):
+            return 0
+        for context in excess:
+            held = self.holds[context]
+            held.until = max(held.own_until, now)
+            heapq.heappush(self._expiry, (held.until, held.seq, context))
+        self.cut += len(excess)
+        return len(excess)
+
+    def _past_share(self, owner: str, blocks: int) -> bool:
+        """Whether holding ``blocks`` more takes ``owner`` past its fair share while
+        another owner's calls wait."""
+        if not self.config.fair_share or not any(o != owner for o in self.waiting_owners()):
+            return False
+        return self.held_by_owner[owner] + blocks > self.fair_share(owner)
+
     def _drop(self, context: str) -> None:
         held = self.holds.pop(context)
         self.held_blocks -= held.blocks
+        self.held_by_owner[held.owner] -= held.blocks
+        if not self.held_by_owner[held.owner]:
+            del self.held_by_owner[held.owner]
 
     @staticmethod
     def _worst_first(holds: Iterable[Hold]) -> list[Hold]:

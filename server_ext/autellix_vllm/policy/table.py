@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol.identity import MAIN_THREAD_ID, NO_IDENTITY, CallIdentity
+from ..protocol.identity import ANONYMOUS_OWNER, MAIN_THREAD_ID, NO_IDENTITY, CallIdentity
 from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
 from .config import DEFAULT_LIMITS, ProgramLimits
 from .forks import LimitCrossed, limit_crossed, new_threads
@@ -81,6 +81,9 @@ class Program:
 
     program_id: str
     name: str | None = None
+    # Who runs it (its first call's ``CallIdentity.owner``): holds are shared fairly
+    # among owners (policy.residency).
+    owner: str = ANONYMOUS_OWNER
     created_s: float = 0.0
     last_arrival_s: float = 0.0
     last_completion_s: float | None = None
@@ -239,11 +242,17 @@ class ProcessTable:
     def get(self, program_id: str) -> Program | None:
         return self._programs.get(program_id)
 
-    def open(self, program_id: str, now_s: float, name: str | None = None) -> Program:
-        """The program ``program_id``, created if it is new, marked active at ``now_s``."""
+    def open(
+        self, program_id: str, now_s: float, name: str | None = None, owner: str | None = None
+    ) -> Program:
+        """The program ``program_id``, created if it is new (belonging to ``owner``,
+        None: the anonymous owner), marked active at ``now_s``."""
         program = self._programs.get(program_id)
         if program is None:
-            program = Program(program_id, name=name, created_s=now_s, last_arrival_s=now_s)
+            program = Program(
+                program_id, name=name, owner=owner or ANONYMOUS_OWNER, created_s=now_s,
+                last_arrival_s=now_s,
+            )  # fmt: skip
             self._programs.add(program_id, program)
         else:
             self._programs.touch(program_id)

@@ -23,8 +23,15 @@ header                          ``vllm_xargs`` key             value
 ``X-Autellix-Call-Id``          ``autellix_call_id``           id
 ``X-Autellix-Prior-Service``    ``autellix_prior_service``     float >= 0
 ``X-Autellix-Retention-Ttl``    ``autellix_retention_ttl_s``   TTL
+``X-Autellix-Owner``            ``autellix_owner``             id
 ``X-Session-ID``                (body ``session_id``)          id
 =============================== ============================== ===========
+
+The prior service and the owner (who the caller is, :data:`ROUTER_STATED`)
+are the router's to state, never a client's: the router drops a client's and
+states its own, and an engine honours them only from a caller that holds its
+key. A call without an owner belongs to :data:`ANONYMOUS_OWNER`, one owner
+shared by every such call.
 
 An id is 1 to 128 characters with no control characters; only the parent
 thread header may be empty, which means the main thread (no parent). Header
@@ -62,7 +69,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -75,6 +82,7 @@ PARENT_THREAD_ID_HEADER = "X-Autellix-Parent-Thread-Id"
 CALL_ID_HEADER = "X-Autellix-Call-Id"
 PRIOR_SERVICE_HEADER = "X-Autellix-Prior-Service"
 RETENTION_TTL_HEADER = "X-Autellix-Retention-Ttl"
+OWNER_HEADER = "X-Autellix-Owner"
 SESSION_ID_HEADER = "X-Session-ID"
 """vLLM's own session header; the SDK sets it to the program id."""
 
@@ -84,12 +92,15 @@ PARENT_THREAD_ID = "autellix_parent_thread_id"
 CALL_ID = "autellix_call_id"
 PRIOR_SERVICE = "autellix_prior_service"
 RETENTION_TTL = "autellix_retention_ttl_s"
+OWNER = "autellix_owner"
 
 XARGS_FIELD = "vllm_xargs"
 SESSION_ID_FIELD = "session_id"
 AGENT_HINT_FIELD = "agent_hint"
 MAIN_THREAD_ID = "main"
 """The thread a call without a thread id runs on (the policy's table too)."""
+ANONYMOUS_OWNER = "anonymous"
+"""The owner of every call that names none (no router, or a router without keys)."""
 
 # CallIdentity field -> its header, as spelled on the wire.
 IDENTITY_HEADERS: dict[str, str] = {
@@ -99,6 +110,7 @@ IDENTITY_HEADERS: dict[str, str] = {
     "call_id": CALL_ID_HEADER,
     "prior_service": PRIOR_SERVICE_HEADER,
     "retention_ttl_s": RETENTION_TTL_HEADER,
+    "owner": OWNER_HEADER,
 }
 # CallIdentity field -> its vllm_xargs key.
 IDENTITY_XARGS: dict[str, str] = {
@@ -108,7 +120,10 @@ IDENTITY_XARGS: dict[str, str] = {
     "call_id": CALL_ID,
     "prior_service": PRIOR_SERVICE,
     "retention_ttl_s": RETENTION_TTL,
+    "owner": OWNER,
 }
+# The parts only the router states (see the module docstring).
+ROUTER_STATED = ("prior_service", "owner")
 # Header in lower case (as ASGI delivers it) -> CallIdentity field; X-Session-ID -> itself.
 _HEADER_FIELDS: dict[str, str] = {
     **{header.lower(): field for field, header in IDENTITY_HEADERS.items()},
@@ -142,6 +157,9 @@ class CallIdentity:
     prior_service: float | None = None
     retention_ttl_s: float | None = None
     """The client's retention hint in seconds, as sent (the engine clamps it)."""
+    owner: str | None = None
+    """Who the caller is (the router's ``Client.owner``): whose fair share of the
+    engine's held KV the call's program draws on."""
 
     def as_xargs(self) -> dict[str, str | float]:
         """The ``vllm_xargs`` keys of the parts that are set."""
@@ -162,6 +180,14 @@ class CallIdentity:
 
 NO_IDENTITY = CallIdentity()
 """A call that says nothing about itself: it runs alone."""
+
+
+def without_router_stated(identity: CallIdentity) -> CallIdentity:
+    """``identity`` without the parts only the router states (:data:`ROUTER_STATED`):
+    what is left of a call from a client (the same object if it stated none)."""
+    if all(getattr(identity, field) is None for field in ROUTER_STATED):
+        return identity
+    return replace(identity, **dict.fromkeys(ROUTER_STATED))
 
 
 def validate_id(value: object, param: str) -> str:
@@ -273,6 +299,7 @@ def read_identity(
     call_id = part("call_id", validate_id)
     prior_service = part("prior_service", validate_service)
     retention_ttl_s = part("retention_ttl_s", validate_ttl)
+    owner = part("owner", validate_id)
     header_session_id = None
     if SESSION_ID_HEADER in from_headers:
         header_session_id = validate_id(from_headers[SESSION_ID_HEADER], SESSION_ID_HEADER)
@@ -292,6 +319,7 @@ def read_identity(
         call_id=call_id,
         prior_service=prior_service,
         retention_ttl_s=retention_ttl_s if retention_ttl_s is not None else hint.retention_ttl_s,
+        owner=owner,
     )
 
 

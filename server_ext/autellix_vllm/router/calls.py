@@ -9,9 +9,10 @@ The call record (:class:`Call`) carries the accepted
 table takes it, and the dispatcher sends it on as headers.
 
 Then every scheduling field the client put in the body (the ``autellix_*``
-keys of ``vllm_xargs``, the prior service among them) is removed, and the
-client's prior service is not kept: the router sends the engine the identity
-it accepted, with the program's prior service, as headers of its own
+keys of ``vllm_xargs``, the prior service among them) is removed, and what
+only the router states (the prior service and the owner, ``ROUTER_STATED``)
+is not kept from the client: the router sends the engine the identity it
+accepted, with the program's prior service and owner, as headers of its own
 (``dispatch``), so the engine has one source for each. The client's retention
 hint (``X-Autellix-Retention-Ttl``, its ``vllm_xargs`` key, or
 ``agent_hint.cache_control.ttl``) is passed on the same way, clamped to the
@@ -43,6 +44,7 @@ from autellix_vllm.protocol.identity import (
     CallIdentity,
     IdentityError,
     read_identity,
+    without_router_stated,
 )
 from autellix_vllm.protocol.paths import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from autellix_vllm.router.errors import ApiError
@@ -66,8 +68,8 @@ class Call:
     model: str
     stream: bool
     identity: CallIdentity
-    """As accepted: no prior service (the router states the program's own), the
-    retention hint within the engines' residency bounds."""
+    """As accepted: no prior service or owner (the router states the program's
+    own), the retention hint within the engines' residency bounds."""
     prompt_tokens: int
     # The router asked for stream usage the client did not: drop that chunk.
     usage_injected: bool = False
@@ -113,11 +115,9 @@ def read_call(
         raise ApiError(400, "model must be a string", "invalid_type", "model")
     if model not in models:
         raise ApiError(404, _unknown_model(model, models), "model_not_found", "model")
-    identity = _identity(body, headers)
-    if identity.prior_service is not None or identity.retention_ttl_s is not None:
-        identity = replace(
-            identity, prior_service=None, retention_ttl_s=clamped_ttl(identity.retention_ttl_s)
-        )
+    identity = without_router_stated(_identity(body, headers))
+    if identity.retention_ttl_s is not None:
+        identity = replace(identity, retention_ttl_s=clamped_ttl(identity.retention_ttl_s))
     call = Call(
         path=path,
         body=body,

@@ -11,8 +11,9 @@ What the engine is told: the client's headers without its credentials and
 without any scheduling header; in their place the identity the router
 accepted (``X-Autellix-Program-Id``, ``-Thread-Id``, ``-Parent-Thread-Id``,
 ``-Call-Id``), the program's service summed over all engines
-(``X-Autellix-Prior-Service``, at most ``ProgramLimits.max_prior_service``)
-and the client's retention hint, clamped (``X-Autellix-Retention-Ttl``).
+(``X-Autellix-Prior-Service``, at most ``ProgramLimits.max_prior_service``),
+the program's owner (``X-Autellix-Owner``: the key that opened it) and the
+client's retention hint, clamped (``X-Autellix-Retention-Ttl``).
 The engine key travels as the session's ``Authorization`` (``app``).
 
 Failover: a call whose engine cannot be reached, or drops the connection
@@ -151,6 +152,8 @@ class Dispatcher:
         """Answer ``call`` for ``caller``; ``started`` is when the router got it
         (``perf_counter``)."""
         record = self._call_arrived(call, caller, request.headers)
+        # Whose fair share of held KV the call draws on: its program's owner.
+        call.identity = replace(call.identity, owner=record.owner if record else caller.owner)
         if record is None:
             self.metrics.calls_without_program.inc()
             key = f"anonymous-{next(self._anonymous)}"

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from autellix_vllm.protocol.identity import ANONYMOUS_OWNER
+
 MAX_KEY_NAME_LENGTH = 64
 
 
@@ -40,7 +42,7 @@ class Client:
         return self.admin or owner == self.owner
 
 
-ANONYMOUS = Client(owner="anonymous", name="anonymous")
+ANONYMOUS = Client(owner=ANONYMOUS_OWNER, name="anonymous")
 """Every caller when the router has no key."""
 
 

@@ -61,6 +61,7 @@ class ProgramRun:
     calls_left: int
     decode_total: int
     remaining_work: float  # decode tokens still to produce (the SRPT oracle's view)
+    owner: str | None = None  # who runs it (None: the anonymous owner)
     end: float = 0.0
     done: set[str] = field(default_factory=set)
 
@@ -99,6 +100,37 @@ class Job:
     @property
     def decode_left(self) -> int:
         return self.spec.decode_tokens - self.decoded
+
+
+@dataclass
+class HoldShares:
+    """What each owner held while another owner's calls waited: the figure the fair
+    share of held KV bounds (``policy.residency``), kept once two owners are seen.
+
+    Between two steps the holds and the waiting owners are taken as they were at
+    the first (a hold's blocks held over that stretch, if another owner waited).
+    """
+
+    owners: set[str] = field(default_factory=set)
+    block_seconds: dict[str, float] = field(default_factory=dict)  # owner -> held x time
+    seconds: dict[str, float] = field(default_factory=dict)  # owner -> time others waited
+    _since: float = 0.0
+    _held: dict[str, int] = field(default_factory=dict)
+    _waiting: frozenset[str] = frozenset()
+
+    def observe(self, now: float, residency: Residency) -> None:
+        """The stretch since the last observation is over; the state from ``now`` on is
+        ``residency``'s."""
+        if len(self.owners) > 1:
+            elapsed = now - self._since
+            for owner in self.owners:
+                if elapsed > 0 and self._waiting - {owner}:
+                    held = self._held.get(owner, 0)
+                    self.seconds[owner] = self.seconds.get(owner, 0.0) + elapsed
+                    self.block_seconds[owner] = self.block_seconds.get(owner, 0.0) + held * elapsed
+            self._held = dict(residency.held_by_owner)
+            self._waiting = frozenset(residency.waiting_owners())
+        self._since = now
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -365,7 +397,9 @@ class SimEngine:
         )
         # KV-aware policies: holds of idle contexts and the working-set rule.
         self.residency = (
-            Residency(core.config.residency, preset.kv_blocks, core.program_level)
+            Residency(
+                core.config.residency, preset.kv_blocks, core.program_level, core.waiting.owners
+            )
             if core.policy.kv_aware and prefix_caching
             else None
         )
@@ -379,6 +413,7 @@ class SimEngine:
         self.preemptions = 0
         self.recomputed_tokens = 0
         self._hold_wake: float | None = None  # the hold expiry a wake is posted for
+        self.hold_shares = HoldShares()
 
     @property
     def load(self) -> int:
@@ -394,8 +429,10 @@ class SimEngine:
             parent_thread_id=spec.parent_thread,
             call_id=spec.id,
             prior_service=prior_service,
+            owner=job.program.owner,
         )
         job.call = self.core.add_call(identity, now, prompt_tokens=spec.prompt_tokens, payload=job)
+        self.hold_shares.owners.add(job.call.program.owner)
         job.wait_since = now
         if self.residency is not None:
             self.residency.waiting(job.context)
@@ -428,6 +465,8 @@ class SimEngine:
             self._schedule_waiting(batch, now)
         # A step that skipped admission is not repeated: the next one may admit.
         skipped = not admits and bool(self.core.waiting or self.loading)
+        if self.residency is not None:
+            self.hold_shares.observe(now, self.residency)
         return self._start(batch, now, steady=not (skipped and self.preset.exact_macro_steps))
 
     def _free_seats_for_waiters(self, now: float) -> None:
@@ -486,7 +525,7 @@ class SimEngine:
                     self._make_room(self._footprint(job), level)
                     if not self._admissible(job):
                         break
-                else:
+                elif not self._cut_for(job, now):
                     continue  # outside the working set: it waits, later calls may go
             hit = self.kv.hit(job)
             reload = self.host.hit(job) - hit if self.host else 0
@@ -690,6 +729,19 @@ class SimEngine:
             if self._fits(blocks):
                 return
             self._break_hold(context)
+
+    def _cut_for(self, job: Job, now: float) -> bool:
+        """``job`` waits outside the working set: other owners' claims past their fair
+        share are cut (``Residency.cut_for``) and those that end now released. True
+        if that let ``job`` in."""
+        assert self.residency is not None and job.call is not None
+        cut = self.residency.cut_for(
+            job.call.program.owner, now, self._footprint(job), self.kv.reclaimable,
+            self.kv.largest_pinned(),
+        )  # fmt: skip
+        if cut:
+            self._expire_holds(now)
+        return bool(cut) and self._admissible(job)
 
     def _break_hold(self, context: str) -> None:
         assert self.residency is not None

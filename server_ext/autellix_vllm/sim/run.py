@@ -20,6 +20,7 @@ import itertools
 import math
 import statistics
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +125,7 @@ class Simulation:
         kv_offload_gib: float | None = None,
         end_programs: bool = True,
         retention_hints: bool = False,
+        greedy_owners: Collection[str] = (),
     ) -> None:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy_name(policy), "policy")
         if engines < 1:
@@ -136,6 +138,8 @@ class Simulation:
         # Clients end their programs after the last call, as the SDK does.
         self.end_programs = end_programs
         self.retention_hints = retention_hints
+        self.greedy_owners = frozenset(greedy_owners)
+        self.longest_hold_s = config.residency.max_ttl_s
         self.started = time.perf_counter()
 
         self.runs: dict[str, ProgramRun] = {}
@@ -189,9 +193,13 @@ class Simulation:
             len(program.calls),
             program.decode_tokens,
             float(program.decode_tokens),
+            owner=program.owner,
         )
         self.runs[program.program_id] = run
-        if self.retention_hints:
+        if program.owner in self.greedy_owners:
+            for c in program.calls:  # the longest hold, whatever the program does
+                self.hints[(program.program_id, c.id)] = self.longest_hold_s
+        elif self.retention_hints:
             for call_id, hint_s in retention_hints_of(program).items():
                 self.hints[(program.program_id, call_id)] = hint_s
         for c in program.calls:
@@ -353,7 +361,26 @@ class Simulation:
         holds = [e.residency.counters() for e in sims if e.residency is not None]
         for key in holds[0] if holds else ():
             metrics[key] = sum(counters[key] for counters in holds)
+        shares = held_shares(sims)
+        if shares:
+            metrics["held_share_while_others_wait"] = shares
         return metrics, lpt
+
+
+def held_shares(engines: list[SimEngine]) -> dict[str, float]:
+    """Per owner, the share of the engines' hold budget it held, on average over
+    the time another owner's calls waited (``HoldShares``); empty with one owner."""
+    kept = [
+        (e.residency.budget_blocks, e.hold_shares)
+        for e in engines
+        if e.residency is not None and e.hold_shares.seconds
+    ]
+    out: dict[str, float] = {}
+    for owner in sorted({owner for _, shares in kept for owner in shares.seconds}):
+        held = sum(shares.block_seconds.get(owner, 0.0) for _, shares in kept)
+        budget = sum(blocks * shares.seconds.get(owner, 0.0) for blocks, shares in kept)
+        out[owner] = held / budget if budget else 0.0
+    return out
 
 
 def retention_hints_of(program: ProgramSpec) -> dict[str, float | None]:
@@ -413,6 +440,7 @@ def simulate(
     kv_offload_gib: float | None = None,
     end_programs: bool = True,
     retention_hints: bool = False,
+    greedy_owners: Collection[str] = (),
 ) -> SimResult:
     """Run ``programs`` to completion and report the paper's metrics.
 
@@ -428,6 +456,10 @@ def simulate(
     ``autellix.expect_tool`` does (see :func:`retention_hints_of`); a KV-aware
     engine holds the context for the hint instead of its own estimate. Under a
     KV-aware policy the metrics count the holds (``holds_granted`` and so on).
+    ``greedy_owners``: the clients of these owners (``ProgramSpec.owner``) claim
+    the longest hold (``ResidencyConfig.max_ttl_s``) with every call, whatever
+    their programs do. With programs of two owners or more, the metrics give each
+    owner's ``held_share_while_others_wait`` (see :func:`held_shares`).
     """
     return Simulation(
         programs,
@@ -442,4 +474,5 @@ def simulate(
         kv_offload_gib=kv_offload_gib,
         end_programs=end_programs,
         retention_hints=retention_hints,
+        greedy_owners=greedy_owners,
     ).run()

@@ -16,6 +16,7 @@ from .generators import (
     at_rate,
     generate,
     get_workload,
+    with_owners,
 )
 from .trace import CallSpec, ProgramSpec, TraceError, load_trace, write_trace
 
@@ -32,5 +33,6 @@ __all__ = [
     "generate",
     "get_workload",
     "load_trace",
+    "with_owners",
     "write_trace",
 ]

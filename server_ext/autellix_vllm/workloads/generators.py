@@ -36,7 +36,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..registry import lookup
 from .agent_sessions import AGENT_MAX_CONTEXT, agent
@@ -58,6 +58,7 @@ __all__ = [
     "get_workload",
     "lats",
     "sharegpt",
+    "with_owners",
 ]
 
 # One program's calls, drawn from the workload's content generator; the id
@@ -189,5 +190,12 @@ def generate(
 
 def at_rate(programs: list[ProgramSpec], scale: float) -> list[ProgramSpec]:
     """The same programs with arrival times multiplied by ``scale``."""
-    return [ProgramSpec(p.program_id, p.arrival * scale, p.calls, p.kind) for p in programs]
+    return [replace(p, arrival=p.arrival * scale) for p in programs]
 
+
+def with_owners(programs: list[ProgramSpec], owners: int) -> list[ProgramSpec]:
+    """The same programs run by ``owners`` clients in turn: program i by
+    ``owner-{i % owners}`` (as many clients, each with its own key, share a router)."""
+    if owners < 1:
+        raise ValueError(f"need at least one owner, got {owners}")
+    return [replace(p, owner=f"owner-{i % owners}") for i, p in enumerate(programs)]

@@ -11,7 +11,8 @@ A call starts ``tool_gap`` seconds after every call in ``after`` has completed
 are all expressible. A call's prompt extends the program's one context (the
 token sequence its prefix cache holds) unless it names another with
 ``"context"``, as a subagent with a fresh context of its own does. Extra keys are
-allowed and ignored.
+allowed and ignored; an optional ``"owner"`` names who runs the program (the
+router's key owner; without it, the anonymous owner).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ProgramSpec:
     calls: tuple[CallSpec, ...]
     kind: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    owner: str | None = None  # who runs it (None: the anonymous owner)
 
     @property
     def decode_tokens(self) -> int:
@@ -57,14 +59,15 @@ class ProgramSpec:
         return len({c.thread for c in self.calls})
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "program_id": self.program_id,
-                "arrival": self.arrival,
-                "kind": self.kind,
-                "calls": [_call_json(c) for c in self.calls],
-            }
-        )
+        out: dict[str, Any] = {
+            "program_id": self.program_id,
+            "arrival": self.arrival,
+            "kind": self.kind,
+            "calls": [_call_json(c) for c in self.calls],
+        }
+        if self.owner is not None:
+            out["owner"] = self.owner
+        return json.dumps(out)
 
 
 def _call_json(call: CallSpec) -> dict[str, Any]:
@@ -141,7 +144,10 @@ def parse_program(obj: Any, where: str) -> ProgramSpec:
             )
         )
         seen.add(cid)
-    return ProgramSpec(pid, arrival, tuple(calls), kind=str(obj.get("kind", "")))
+    owner = obj.get("owner")
+    if owner is not None and (not isinstance(owner, str) or not owner):
+        raise TraceError(f"{where}: 'owner' must be a non-empty string")
+    return ProgramSpec(pid, arrival, tuple(calls), kind=str(obj.get("kind", "")), owner=owner)
 
 
 def load_trace(path: str | Path) -> list[ProgramSpec]:
