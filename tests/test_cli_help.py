@@ -67,6 +67,46 @@ def test_defaults_read_one_way_and_a_switch_shows_none(command, parser):
             assert shown.startswith("(default: "), (command, option, shown)
 
 
+@pytest.mark.parametrize(("command", "parser"), COMMANDS, ids=[name for name, _ in COMMANDS])
+def test_every_default_shown_reads_as_a_closing_parenthesis(command, parser):
+    """A default is shown once, as ``(default: ...)``, never inside other text."""
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        shown = formatter._expand_help(action) if action.option_strings and action.help else ""
+        mentions = len(re.findall(r"default", shown))
+        assert mentions == len(re.findall(r"\(default: ", shown)), (command, shown)
+
+
+NEGATIVE_SWITCHES = [
+    (command, parser, action)
+    for command, parser in COMMANDS
+    for action in parser._actions
+    if any(option.startswith("--no-") for option in action.option_strings)
+]
+
+
+def test_there_are_negative_switches_to_check():
+    assert {action.option_strings[0] for _, _, action in NEGATIVE_SWITCHES} >= {
+        "--no-program-end",
+        "--no-tool-calling",
+    }
+
+
+@pytest.mark.parametrize(
+    ("command", "parser", "action"),
+    NEGATIVE_SWITCHES,
+    ids=[f"{command} {action.option_strings[0]}" for command, _, action in NEGATIVE_SWITCHES],
+)
+def test_a_negative_switch_shows_no_default_and_is_not_a_pair(command, parser, action):
+    """``--no-x`` is a switch on its own whose help says what giving it does: no
+    default to show (it is off until given), and no ``--x/--no-x`` pair whose help
+    argparse would end with the positive flag's default."""
+    assert action.nargs == 0 and len(action.option_strings) == 1, (command, action)
+    assert not isinstance(action, argparse.BooleanOptionalAction), (command, action)
+    shown = parser._get_formatter()._expand_help(action)
+    assert "default" not in shown, (command, action.option_strings, shown)
+
+
 def test_a_negative_switch_says_what_giving_it_does():
     simulate_run = dict(COMMANDS)["simulate run"]
     help_text = dict(

@@ -80,7 +80,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(commands: dict[str, str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="autellix", description="Serve LLM agents as programs (PLAS/ATLAS on vLLM)."
+        prog="autellix",
+        description="Serve LLM agents as programs: a program-aware scheduler for vLLM.",
     )
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser

@@ -223,7 +223,7 @@ def _add_router_benchmarks(benches: argparse._SubParsersAction) -> None:
         "--upstream",
         action="append",
         metavar="URL",
-        help="use running engines (repeatable; default: start --engines engines)",
+        help="use this running engine, repeatable (default: none, start --engines engines)",
     )
     router.add_argument("--json", action="store_true", help="print only the JSON result")
     router.add_argument("vllm_args", nargs="*", help="extra vLLM arguments, after --")

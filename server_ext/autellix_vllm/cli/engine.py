@@ -45,7 +45,7 @@ from autellix_vllm.engine.launcher import (
 )
 from autellix_vllm.engine.models import MODELS, ModelNotInstalledError, check_installed
 from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES, engine_policy, positive_number
-from autellix_vllm.policy import DEFAULT_POLICY, Levels
+from autellix_vllm.policy import DEFAULT_POLICY, Levels, PolicyConfig
 from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 
 # What `autellix engine` and `autellix serve` serve without --model: the real
@@ -158,12 +158,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--beta",
         type=checked(positive_number),
-        help="anti-starvation ratio (default: $AUTELLIX_BETA, else 8)",
+        help=f"anti-starvation ratio (default: $AUTELLIX_BETA, else {PolicyConfig().beta:g})",
     )
     parser.add_argument(
         "--levels",
         type=checked(Levels.parse),
-        help="level boundaries in service units, e.g. 0,128,512 (default: $AUTELLIX_LEVELS)",
+        help="level boundaries in service units, e.g. 0,128,512"
+        f" (default: $AUTELLIX_LEVELS, else {Levels()})",
     )
     parser.add_argument(
         "--device",

@@ -37,8 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     parser.add_argument(
         "--address",
         metavar="ADDRESS",
-        help="the Ray cluster to deploy on (auto: this node's; default: start a local one"
-        " for the command's lifetime)",
+        help="the Ray cluster to deploy on, auto for this node's (default: a local one,"
+        " started for the command's lifetime)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address Serve's HTTP proxy binds")
     parser.add_argument("--port", type=int, default=8000, help="Serve's HTTP port")

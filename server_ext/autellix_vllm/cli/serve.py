@@ -99,8 +99,8 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
         "--log-file",
         type=Path,
         metavar="FILE",
-        help="append every engine's output to this one file instead (as autellix engine"
-        " --log-file; lines of several engines interleave; default: none)",
+        help="append every engine's output to this one file instead, as autellix engine"
+        " --log-file; lines of several engines interleave (default: none)",
     )
     parser.add_argument(
         "--engines",
@@ -120,8 +120,8 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
         "--upstream",
         action="append",
         metavar="URL",
-        help="route over this running engine instead of starting engines (repeatable;"
-        " default: none, serve starts its engines)",
+        help="route over this running engine instead of starting engines, repeatable"
+        " (default: none, serve starts its engines)",
     )
     parser.add_argument(
         "--engine-key",

@@ -82,7 +82,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--programs", type=_positive(int),
-        help=f"programs in the trace (run's default: {_per_workload('programs')})",
+        help="programs in the trace (default: run: "
+        f"{_per_workload('programs')}; sweep: as many as --duration brings)",
     )  # fmt: skip
     p.add_argument("--engines", type=_positive(int), default=1, help="simulated engines")
     p.add_argument(

@@ -1,7 +1,7 @@
 """KV residency on a vLLM engine: the policy core's rules applied to vLLM's block pool.
 
 :mod:`autellix_vllm.policy.residency` decides; this module only connects it to
-vLLM (through the adapter), for a KV-aware policy (``autellix-kv``):
+vLLM (through the adapter), for a KV-aware policy (``autellix``, the default):
 
 * **holds**: when a program's call finishes and none of its calls runs, the
   finished request's prefix-cached blocks get a reference (the hold), so vLLM

@@ -24,7 +24,7 @@ of victims. This module only connects the core to vLLM's scheduler:
 * after each step is scheduled, every scheduled call is charged its service;
   after it ran, the core's clock advances (anti-starvation, idle eviction);
 * ``_free_request`` (every finish: stop, length, abort) completes the call;
-* under a KV-aware policy (``autellix-kv``), :mod:`autellix_vllm.engine.block_holds`
+* under a KV-aware policy (``autellix``, the default), :mod:`autellix_vllm.engine.block_holds`
   holds a finished program's blocks for its next call, and the waiting queue
   shows vLLM only the calls its working-set rule admits.
 
