@@ -111,6 +111,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix simulate matrix [--workloads W] [--seed N] [--workers N] --json": (
         FORM, "the command's form: hours on 2 cores"),
     "autellix simulate tune [--quick] [--workers N]": (FORM, "tables of half an hour"),
+    # docs/scheduling.md
+    "autellix simulate tune --quick --workers 1": (PARSE, "minutes of simulation"),
 }  # fmt: skip
 
 # What a template's placeholders stand for, to parse it.
