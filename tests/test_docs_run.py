@@ -108,7 +108,11 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
         FORM, "the command's form"),
     "autellix simulate sweep --workload W --policies P1,P2 [--lb L1,L2 --engines E --preset S]": (
         FORM, "the command's form"),
+    "autellix simulate matrix [--workloads W] [--seed N] [--workers N] --json": (
+        FORM, "the command's form: hours on 2 cores"),
     "autellix simulate tune [--quick] [--workers N]": (FORM, "tables of half an hour"),
+    # docs/scheduling.md
+    "autellix simulate tune --quick --workers 1": (PARSE, "minutes of simulation"),
 }  # fmt: skip
 
 # What a template's placeholders stand for, to parse it.
