@@ -68,6 +68,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --policies vllm-opt,autellix --json": (PARSE, _SWEEP),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
     " --kv-blocks 96 --schedulers fcfs,fcfs --json": (PARSE, _ENGINE),
+    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --identity derived --json": (PARSE, _ENGINE),
+    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --identity derived --schedulers fcfs,fcfs --json": (PARSE, _ENGINE),
     # docs/frameworks.md
     'make agents-sdk ARGS="--agents 2"': (PARSE, _SERVER),
     'make langgraph ARGS="--agents 2"': (PARSE, _SERVER),

@@ -7,18 +7,27 @@ import aiohttp
 import pytest
 from autellix_vllm.bench.replay import (
     BenchSettings,
+    ChatWords,
     ProgramResult,
     PromptVocabulary,
     build_workload,
+    call_requests,
     prompts,
     replay,
     scaled_levels,
     spread,
     summarize,
 )
+from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.tiny_model import SPECIAL_TOKENS
-from autellix_vllm.protocol.paths import ENGINE_PROGRAM_PATH, ENGINE_TABLE_PATH
+from autellix_vllm.protocol.paths import (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    ENGINE_PROGRAM_PATH,
+    ENGINE_TABLE_PATH,
+)
+from autellix_vllm.router.admin_client import fetch_table
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec, write_trace
 
 
@@ -96,6 +105,54 @@ def test_prompts_are_exact_token_ids_that_extend_their_context():
     assert other["c1"] != prompt["c1"] and prompts(program, vocabulary) == prompt
 
 
+# Two agents without the SDK: p's main conversation (three turns) and its
+# subagent's (two), and q's (two). Prompts fit the shared test engine's context.
+DERIVED_PROGRAMS = [
+    ProgramSpec(
+        "p",
+        0.0,
+        (
+            CallSpec("p1", 4, 60),
+            CallSpec("p2", 4, 120, after=("p1",), tool_gap=0.01),
+            CallSpec("p3", 4, 200, after=("p2",), tool_gap=0.01),
+            CallSpec("s1", 4, 40, thread="s", parent_thread="main", context="sub", after=("p1",)),
+            CallSpec("s2", 4, 90, thread="s", parent_thread="main", context="sub", after=("s1",)),
+        ),
+    ),
+    ProgramSpec(
+        "q", 0.0, (CallSpec("q1", 4, 50), CallSpec("q2", 4, 110, after=("q1",), tool_gap=0.01))
+    ),
+]
+
+
+def test_derived_calls_are_growing_chat_conversations_without_autellix_headers():
+    words = ChatWords.for_model("tiny")
+    program = DERIVED_PROGRAMS[0]
+    derived = call_requests(program, "m", "derived", words=words)
+    for request in derived.values():
+        assert request.path == CHAT_COMPLETIONS_PATH and request.headers == {}
+        assert "prompt" not in request.body and request.body["ignore_eos"]
+    messages = {call_id: request.body["messages"] for call_id, request in derived.items()}
+    # Each turn repeats the previous call's messages and appends a reply and a user turn.
+    assert [m["role"] for m in messages["p1"]] == ["system", "user"]
+    assert messages["p2"][:2] == messages["p1"] and len(messages["p2"]) == 4
+    assert messages["p3"][:4] == messages["p2"] and messages["p3"][4]["role"] == "assistant"
+    assert messages["s1"][0] != messages["p1"][0]  # the subagent's conversation is its own
+    # One character a token in the tiny model: each message's text is its share
+    # of the prompt less the template's tokens, so a prompt is about as long as sent.
+    text = sum(len(m["content"]) for m in messages["p3"])
+    assert 200 - 6 * 5 <= text < 200
+    assert set("".join(m["content"] for m in messages["p3"])) <= set(words.pieces)
+    sent = call_requests(program, "m", "sent", vocabulary=PromptVocabulary.for_model("tiny"))
+    assert sent["p2"].path == COMPLETIONS_PATH
+    assert sent["p2"].headers["X-Autellix-Program-Id"] == "p"
+
+
+def test_an_unknown_identity_is_refused():
+    with pytest.raises(ValueError, match="identity must be one of sent, derived"):
+        BenchSettings(identity="guessed")
+
+
 def test_the_real_models_vocabulary_comes_from_its_tokenizer(tmp_path):
     tokenizer = {
         "model": {"type": "BPE", "vocab": {"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3}},
@@ -161,3 +218,20 @@ async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine)
         query = {"program_ids": ["bench-replay"]}
         async with http.post(engine.base_url + ENGINE_TABLE_PATH, json=query) as answer:
             assert (await answer.json())["programs"] == []
+
+
+@pytest.mark.engine
+async def test_derived_identity_groups_each_conversation_into_one_router_program(engine):
+    """Calls without any autellix header, through a router: the router derives one
+    program per conversation, with every call of that conversation."""
+    settings = BenchSettings(model="tiny", identity="derived")
+    with running(router_command([engine.base_url]), ROUTER_READY) as router:
+        results = await replay(router.ready, engine.served_model_name, DERIVED_PROGRAMS, settings)
+        table = fetch_table(router.ready, None)
+    assert [r.calls for r in results] == [5, 2]
+    rows = table["programs"]
+    assert all(row["program_id"].startswith("derived-") for row in rows)
+    assert all(row["name"].startswith("conversation prefix") for row in rows)
+    # p's main conversation, its subagent's and q's: three programs, every call in one.
+    assert sorted(row["calls_completed"] for row in rows) == [2, 2, 3]
+    assert all(row["calls_failed"] == 0 for row in rows)

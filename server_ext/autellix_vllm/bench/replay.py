@@ -20,9 +20,17 @@ scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
   names another context, a subagent's, extends that one instead);
 * decode lengths are forced (``ignore_eos`` and ``max_tokens``);
 * tool gaps are sleeps between a call and the calls that depend on it;
-* on the Autellix engine each program is ended after its last call, as the
-  SDK ends a program when it returns (a KV-aware policy then drops its held
-  context at once instead of when the hold expires);
+* identity ``sent`` (the default): every call carries the SDK's headers
+  (program, thread, call), and on the Autellix engine each program is ended
+  after its last call, as the SDK ends a program when it returns (a KV-aware
+  policy then drops its held context at once instead of when the hold
+  expires);
+* identity ``derived``: the agent without the SDK. Each context is a plain
+  chat conversation (``/v1/chat/completions``, no autellix header, never
+  ended) whose every call repeats the previous call's messages and appends
+  new ones, sent through an ``autellix serve --upstream`` router in front of
+  the engine, which derives the program from the growing conversation
+  (router/derived.py); both schedulers' runs go through a router;
 * ``max_num_seqs`` is small, so the engine saturates and calls queue;
 * a generated workload's arrivals are Poisson, spread over a fixed fraction of
   the time the engines need for the whole workload at their probed speed, so
@@ -49,6 +57,8 @@ from urllib.parse import quote
 
 import aiohttp
 
+from autellix_vllm.bench import IDENTITIES
+from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.engine.models import resolve_model
@@ -59,12 +69,23 @@ from autellix_vllm.protocol.identity import (
     PROGRAM_ID_HEADER,
     THREAD_ID_HEADER,
 )
-from autellix_vllm.protocol.paths import COMPLETIONS_PATH, ENGINE_PROGRAM_PATH, ENGINE_TABLE_PATH
+from autellix_vllm.protocol.paths import (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    ENGINE_PROGRAM_PATH,
+    ENGINE_TABLE_PATH,
+)
+from autellix_vllm.router.admin_client import fetch_table
 from autellix_vllm.stats import percentile
 from autellix_vllm.workloads import at_rate, generate, get_workload, load_trace
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
 
 PROMPT_HEADROOM = 8  # tokens kept free below max_model_len
+# Tokens the chat template adds around each message's text (ChatML, SmolLM2's:
+# <|im_start|>, the role, a newline, <|im_end|>, a newline): a derived call's
+# messages leave them out of its text, so its templated prompt stays near the
+# workload's ``prompt_tokens`` and within the context.
+MESSAGE_TEMPLATE_TOKENS = 5
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,13 @@ class BenchSettings:
     call_timeout_s: float = 1800.0
     schedulers: tuple[str, str] = ("fcfs", "autellix")  # baseline, candidate
     side_by_side: bool = False
+    # "sent": the SDK's headers, straight to the engine; "derived": plain chat
+    # conversations through a router, which derives each program (see the module).
+    identity: str = "sent"
+
+    def __post_init__(self) -> None:
+        if self.identity not in IDENTITIES:
+            raise ValueError(f"identity must be one of {', '.join(IDENTITIES)}: {self.identity!r}")
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
@@ -114,6 +142,7 @@ class ProgramResult:
     calls: int
     decode_tokens: int
     latency_s: float
+    prompt_tokens: int = 0  # as the engine counted them, over the program's calls
 
     @property
     def latency_per_token(self) -> float:
@@ -240,6 +269,45 @@ class PromptVocabulary:
         return random.Random(key).choices(self.ids, k=length)
 
 
+@dataclass(frozen=True)
+class ChatWords:
+    """The text of derived-identity chat messages: pieces that are one token each
+    and stay so when joined, so a message of ``n`` pieces is ``n`` tokens. For a
+    word-level tokenizer (SmolLM2's BPE) the tokens that are a space and ASCII
+    letters; for a character-level one (the tiny model) the ASCII letters."""
+
+    pieces: tuple[str, ...]
+
+    @classmethod
+    def for_model(cls, model: str) -> ChatWords:
+        """The pieces of a model name of :data:`~autellix_vllm.engine.models.MODELS`
+        or of a model folder."""
+        return cls.of_model(resolve_model(model).path)
+
+    @classmethod
+    def of_model(cls, folder: str | Path) -> ChatWords:
+        """Read from the model folder's ``tokenizer.json`` (offline)."""
+        from tokenizers import Tokenizer  # vLLM's dependency; only derived runs need it
+
+        tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+        ids = PromptVocabulary.of_model(folder).ids
+        decoded = [tokenizer.decode([i]) for i in ids]
+        words = sorted({t for t in decoded if len(t) > 1 and t[0] == " " and _letters(t[1:])})
+        if len(words) < 2:
+            words = sorted({t for t in decoded if len(t) == 1 and _letters(t)})
+        if len(words) < 2:
+            raise ValueError(f"{folder}: no one-token words to write chat messages with")
+        return cls(tuple(words))
+
+    def transcript(self, key: str, length: int) -> list[str]:
+        """A deterministic sequence of ``length`` pieces for ``key``."""
+        return random.Random(key).choices(self.pieces, k=length)
+
+
+def _letters(text: str) -> bool:
+    return text.isascii() and text.isalpha()
+
+
 def context_key(program: ProgramSpec, call: CallSpec) -> str:
     """Which transcript a call's prompt is a prefix of: its program's, or (a call
     that names a context) that subagent's."""
@@ -260,6 +328,92 @@ def prompts(program: ProgramSpec, vocabulary: PromptVocabulary) -> dict[str, lis
     }
 
 
+def conversations(program: ProgramSpec, words: ChatWords) -> dict[str, list[dict[str, str]]]:
+    """Every call's chat messages (by call id), for identity ``derived``.
+
+    A context's calls, by prompt length, cut its transcript into turns: the
+    first turn is a system and a user message, each later one an assistant
+    message (the reply the call before received) and a user message (the tool
+    output). A call's messages are every turn up to its prompt length, so they
+    repeat the previous call's and append to them, as an agent's conversation
+    grows. Each message's text is :data:`MESSAGE_TEMPLATE_TOKENS` shorter than
+    its share of the prompt, which the chat template fills.
+    """
+    by_context: dict[str, list[CallSpec]] = {}
+    for call in program.calls:
+        by_context.setdefault(context_key(program, call), []).append(call)
+    messages_of: dict[str, list[dict[str, str]]] = {}
+    for key, calls in by_context.items():
+        cuts = sorted({call.prompt_tokens for call in calls})
+        text = words.transcript(key, cuts[-1])
+        messages: list[dict[str, str]] = []
+        upto: dict[int, list[dict[str, str]]] = {}
+        start = 0
+        for turn, cut in enumerate(cuts):
+            segment = text[start:cut]
+            half = len(segment) // 2
+            roles = ("system", "user") if turn == 0 else ("assistant", "user")
+            for role, part in zip(roles, (segment[:half], segment[half:]), strict=True):
+                if part:
+                    kept = max(1, len(part) - MESSAGE_TEMPLATE_TOKENS)
+                    messages.append({"role": role, "content": "".join(part[:kept])})
+            upto[cut] = list(messages)
+            start = cut
+        for call in calls:
+            messages_of[call.id] = upto[call.prompt_tokens]
+    return messages_of
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """What one replayed call sends: its path, body and headers."""
+
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def call_requests(
+    program: ProgramSpec,
+    model: str,
+    identity: str,
+    vocabulary: PromptVocabulary | None = None,
+    words: ChatWords | None = None,
+) -> dict[str, CallRequest]:
+    """Every call's request (by call id). ``sent``: a completion of the call's
+    token-id prompt (:func:`prompts`, from ``vocabulary``) with the SDK's headers.
+    ``derived``: a chat completion of its :func:`conversations` (from ``words``)
+    with no header at all. Decode lengths are forced in both."""
+    forced = {"model": model, "ignore_eos": True}
+    if identity == "derived":
+        if words is None:
+            raise ValueError("identity derived needs the model's ChatWords")
+        messages = conversations(program, words)
+        return {
+            call.id: CallRequest(
+                CHAT_COMPLETIONS_PATH,
+                {**forced, "messages": messages[call.id], "max_tokens": call.decode_tokens},
+                {},
+            )
+            for call in program.calls
+        }
+    if vocabulary is None:
+        raise ValueError("identity sent needs the model's PromptVocabulary")
+    prompt_of = prompts(program, vocabulary)
+    requests = {}
+    for call in program.calls:
+        headers = {
+            PROGRAM_ID_HEADER: program.program_id,
+            THREAD_ID_HEADER: call.thread,
+            CALL_ID_HEADER: call.id,
+        }
+        if call.parent_thread:
+            headers[PARENT_THREAD_ID_HEADER] = call.parent_thread
+        body = {**forced, "prompt": prompt_of[call.id], "max_tokens": call.decode_tokens}
+        requests[call.id] = CallRequest(COMPLETIONS_PATH, body, headers)
+    return requests
+
+
 async def replay(
     base_url: str,
     model: str,
@@ -267,45 +421,53 @@ async def replay(
     settings: BenchSettings,
     vocabulary: PromptVocabulary | None = None,
     end_path: str | None = None,
+    words: ChatWords | None = None,
 ) -> list[ProgramResult]:
-    """Run every program (its calls in dependency order) and time it. Prompts come
-    from ``vocabulary`` (default: that of ``settings.model``). With ``end_path``
-    (a path with ``{program_id}``), each program is ended there by a ``DELETE``
-    after its last call, as the SDK ends a program when it returns: a KV-aware
-    engine then drops the program's held context at once."""
-    vocabulary = vocabulary or PromptVocabulary.for_model(settings.model)
+    """Run every program (its calls in dependency order) and time it, with the
+    identity of ``settings.identity``. Prompts come from ``vocabulary``, a derived
+    call's messages from ``words`` (default: those of ``settings.model``). With
+    ``end_path`` (a path with ``{program_id}``), each program is ended there by a
+    ``DELETE`` after its last call, as the SDK ends a program when it returns: a
+    KV-aware engine then drops the program's held context at once."""
+    if settings.identity == "derived":
+        words = words or ChatWords.for_model(settings.model)
+    else:
+        vocabulary = vocabulary or PromptVocabulary.for_model(settings.model)
     timeout = aiohttp.ClientTimeout(total=settings.call_timeout_s)
     # vLLM's server (uvicorn) closes idle keep-alive connections after 5 s; a
     # pooled connection idle for longer (a program's tool gap) may already be
     # closed when reused, so keep idle connections for less than that.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
+    requests = [call_requests(p, model, settings.identity, vocabulary, words) for p in programs]
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         start = time.monotonic()
         return await asyncio.gather(
-            *(_run_program(http, base_url, model, p, start, vocabulary, end_path) for p in programs)
+            *(
+                _run_program(http, base_url, program, start, program_requests, end_path)
+                for program, program_requests in zip(programs, requests, strict=True)
+            )
         )
 
 
 async def _run_program(
     http: aiohttp.ClientSession,
     base_url: str,
-    model: str,
     program: ProgramSpec,
     start: float,
-    vocabulary: PromptVocabulary,
+    requests: dict[str, CallRequest],
     end_path: str | None,
 ) -> ProgramResult:
     await asyncio.sleep(max(0.0, start + program.arrival - time.monotonic()))
     arrived = time.monotonic()
-    prompt_of = prompts(program, vocabulary)
     done: dict[str, asyncio.Future[None]] = {
         c.id: asyncio.get_running_loop().create_future() for c in program.calls
     }
+    prompt_tokens: dict[str, int] = {}
 
     async def run_call(call: CallSpec) -> None:
         await asyncio.gather(*(done[dep] for dep in call.after))
         await asyncio.sleep(call.tool_gap)
-        await _complete(http, base_url, model, program.program_id, call, prompt_of[call.id])
+        prompt_tokens[call.id] = await _complete(http, base_url, call, requests[call.id])
         done[call.id].set_result(None)
 
     await asyncio.gather(*(run_call(c) for c in program.calls))
@@ -314,6 +476,7 @@ async def _run_program(
         calls=len(program.calls),
         decode_tokens=program.decode_tokens,
         latency_s=time.monotonic() - arrived,
+        prompt_tokens=sum(prompt_tokens.values()),
     )
     if end_path is not None:
         url = base_url + end_path.format(program_id=quote(program.program_id, safe=""))
@@ -327,27 +490,12 @@ async def _run_program(
 
 
 async def _complete(
-    http: aiohttp.ClientSession,
-    base_url: str,
-    model: str,
-    program_id: str,
-    call: CallSpec,
-    prompt: list[int],
-) -> None:
-    headers = {
-        PROGRAM_ID_HEADER: program_id,
-        THREAD_ID_HEADER: call.thread,
-        CALL_ID_HEADER: call.id,
-    }
-    if call.parent_thread:
-        headers[PARENT_THREAD_ID_HEADER] = call.parent_thread
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": call.decode_tokens,
-        "ignore_eos": True,
-    }
-    async with http.post(base_url + COMPLETIONS_PATH, json=body, headers=headers) as response:
+    http: aiohttp.ClientSession, base_url: str, call: CallSpec, request: CallRequest
+) -> int:
+    """Send the call; checks the forced decode length (and a token-id prompt's
+    length) and returns the prompt tokens the engine counted."""
+    url = base_url + request.path
+    async with http.post(url, json=request.body, headers=request.headers) as response:
         answer = await response.json()
         if response.status != 200:
             raise RuntimeError(f"call {call.id} failed with HTTP {response.status}: {answer}")
@@ -356,11 +504,13 @@ async def _complete(
         raise RuntimeError(
             f"call {call.id} produced {usage['completion_tokens']} tokens, not {call.decode_tokens}"
         )
-    if usage["prompt_tokens"] != len(prompt):
+    prompt = request.body.get("prompt")
+    if prompt is not None and usage["prompt_tokens"] != len(prompt):
         raise RuntimeError(
             f"call {call.id}: the engine counted {usage['prompt_tokens']}"
             f" prompt tokens, not {len(prompt)}"
         )
+    return usage["prompt_tokens"]
 
 
 def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
@@ -371,6 +521,7 @@ def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
     return {
         "programs": len(results),
         "calls": sum(r.calls for r in results),
+        "prompt_tokens": sum(r.prompt_tokens for r in results),
         "decode_tokens": tokens,
         "makespan_s": round(wall_s, 3),
         "throughput_tokens_per_s": round(tokens / wall_s, 1),
@@ -428,14 +579,30 @@ async def _measure(
     vocabulary: PromptVocabulary,
 ) -> EngineRun:
     counters_before = await asyncio.to_thread(read_counters, [engine.base_url])
-    # Programs end as the SDK's do; only the Autellix scheduler keeps programs.
-    end_path = ENGINE_PROGRAM_PATH if engine.config.runs_autellix else None
-    started = time.monotonic()
-    results = await replay(
-        engine.base_url, engine.served_model_name, programs, settings, vocabulary, end_path
-    )
-    summary = {"scheduler": engine.config.scheduler}
-    summary.update(summarize(results, time.monotonic() - started))
+    summary: dict[str, Any] = {"scheduler": engine.config.scheduler}
+    if settings.identity == "derived":
+        # Derived: through a router that names the programs; nobody ends them.
+        words = await asyncio.to_thread(ChatWords.of_model, engine.model.path)
+        with running(router_command([engine.base_url]), ROUTER_READY) as router:
+            started = time.monotonic()
+            results = await replay(
+                router.ready, engine.served_model_name, programs, settings, words=words
+            )
+            wall_s = time.monotonic() - started
+            table = await asyncio.to_thread(fetch_table, router.ready, None)
+        summary["router_programs"] = [
+            {key: row[key] for key in ("name", "calls_completed", "calls_failed")}
+            for row in table["programs"]
+        ]
+    else:
+        # Programs end as the SDK's do; only the Autellix scheduler keeps programs.
+        end_path = ENGINE_PROGRAM_PATH if engine.config.runs_autellix else None
+        started = time.monotonic()
+        results = await replay(
+            engine.base_url, engine.served_model_name, programs, settings, vocabulary, end_path
+        )
+        wall_s = time.monotonic() - started
+    summary.update(summarize(results, wall_s))
     counters_after = await asyncio.to_thread(read_counters, [engine.base_url])
     summary["vllm"] = counted_between(counters_before, counters_after)
     table = await _table(engine.base_url)
@@ -486,6 +653,7 @@ def settings_summary(
         "levels": scaled_levels(settings),
         "schedulers": list(settings.schedulers),
         "side_by_side": settings.side_by_side,
+        "identity": settings.identity,
         "probe_tokens_per_s": round(speed, 1),
         "arrivals_over_s": round(max(p.arrival for p in programs), 2),
     }
@@ -565,10 +733,11 @@ async def probe_speed(
     """Decode tokens per second with the batch full (second of two rounds: the
     first warms the engine up)."""
     probe = probe_program(settings)
+    sent = replace(settings, identity="sent")  # the same probe whatever the identity
     seconds = 0.0
     for _ in range(2):
         (result,) = await replay(
-            engine.base_url, engine.served_model_name, [probe], settings, vocabulary
+            engine.base_url, engine.served_model_name, [probe], sent, vocabulary
         )
         seconds = result.latency_s
     return probe.decode_tokens / seconds

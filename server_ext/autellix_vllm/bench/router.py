@@ -65,7 +65,7 @@ def router_bench_settings(**overrides: Any) -> BenchSettings:
 
 
 # Settings of the engine benchmark that mean nothing here.
-_ENGINE_BENCH_ONLY = ("schedulers", "side_by_side")
+_ENGINE_BENCH_ONLY = ("schedulers", "side_by_side", "identity")
 
 
 def run_router_bench(

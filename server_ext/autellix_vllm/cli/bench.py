@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autellix_vllm.bench import IDENTITIES
 from autellix_vllm.cli import UsageError, print_result
 from autellix_vllm.cli._arguments import checked
 from autellix_vllm.engine.launcher import SCHEDULERS
@@ -49,6 +50,14 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
         action="store_true",
         help="run both engines at once (shares background load; crowded on few cores)",
     )
+    engine.add_argument(
+        "--identity", default="sent", choices=IDENTITIES,
+        help="how calls name their program: sent (the SDK's headers, straight to the engine,"
+        " each program ended after its last call) or derived (an agent without the SDK: plain"
+        " chat conversations, no autellix header, never ended, through an autellix serve"
+        " router that derives each program from the growing conversation)"
+        " (default: %(default)s)",
+    )  # fmt: skip
     engine.add_argument("--json", action="store_true", help="print only the JSON result")
     engine.set_defaults(func=_run_engine)
 
@@ -153,7 +162,8 @@ def _describe(name: str, settings: Any) -> str:
     source = settings.trace or f"{settings.programs} {settings.workload} programs"
     return (
         f"autellix bench {name}: {source} on {settings.model},"
-        f" max_num_seqs {settings.max_num_seqs}; {' then '.join(settings.schedulers)}"
+        f" max_num_seqs {settings.max_num_seqs}, identity {settings.identity};"
+        f" {' then '.join(settings.schedulers)}"
         f"{' side by side' if settings.side_by_side else ''}..."
     )
 
@@ -164,7 +174,9 @@ def _run_engine(args: argparse.Namespace) -> int:
     schedulers = tuple(args.schedulers.split(","))
     if len(schedulers) != 2 or not set(schedulers) <= set(SCHEDULERS):
         raise UsageError(f"--schedulers takes two of {', '.join(SCHEDULERS)}, e.g. vllm,autellix")
-    settings = _bench_settings(args, schedulers=schedulers, side_by_side=args.side_by_side)
+    settings = _bench_settings(
+        args, schedulers=schedulers, side_by_side=args.side_by_side, identity=args.identity
+    )
     print(_describe("engine", settings), file=sys.stderr)  # stdout: the result alone
     print_result(run_engine_bench(settings), args.json)
     return 0
