@@ -302,7 +302,7 @@ class ProgramScheduler:
         rent-or-buy rule, which bounds the work a preemption wastes by the work
         the call did. Without it, a late program's first call is demoted by its
         own prompt during its prefill, and the next new program takes its seat
-        just after the prefill (docs/scheduling.md, "Preemption").
+        just after the prefill (docs/scheduling.md, "Levels").
         Preemption for lack of KV blocks is not bound by this rule.
         """
         weight = self.meter.prefill_weight
