@@ -97,6 +97,21 @@ def test_better_level_waiter_preempts_when_the_batch_is_full(harness):
     assert long_call.num_output_tokens == 20
 
 
+def test_a_waiter_displaces_a_running_call_only_once_it_has_paid_for_its_prompt(harness):
+    # A 320-token prompt is 20 units at the default prefill weight: its own prefill
+    # demotes the call to level 2, and a waiter may displace it once it has decoded
+    # 20 tokens since its admission (ProgramScheduler.displaceable).
+    scheduler = harness.scheduler(max_num_seqs=1, **SMALL_LEVELS)
+    late = harness.request("late-1", program="late", prompt_len=320, max_tokens=40)
+    scheduler.add_request(late)
+    harness.step(scheduler)  # the prefill, which samples the first token
+    assert scheduler.calls["late-1"].level == 2
+    scheduler.add_request(harness.request("new-1", program="new", max_tokens=3))
+    for _ in range(19):  # decoded 1..19 when each step is scheduled
+        assert not harness.step(scheduler).preempted_req_ids
+    assert harness.step(scheduler).preempted_req_ids == {"late-1"}
+
+
 def test_no_preemption_within_a_level(harness):
     scheduler = harness.scheduler(max_num_seqs=1)  # default levels: 0..128 is level 0
     first = harness.request("a-1", program="A", max_tokens=20)

@@ -10,6 +10,7 @@ from autellix_vllm.policy import (
     POLICIES,
     POLICY_NAMES,
     SRPT,
+    Autellix,
     Levels,
     PlasAtlas,
     Policy,
@@ -124,6 +125,43 @@ def test_victims_pair_best_waiters_with_worst_runners():
     # Levels of the running calls: 2, 1, 0. Waiters are level 0: they displace the
     # level-2 and level-1 calls, not the level-0 one.
     assert core.victims(running, free_seats=0) == [running[0], running[1]]
+
+
+def test_a_late_short_programs_call_keeps_its_seat_until_it_pays_for_its_prompt():
+    # A late program's only call: its own 1,212-token prompt (75.75 units at the
+    # default prefill weight) demotes it during its prefill. A newer program's
+    # first call, in the top level, must not take its seat right after the
+    # prefill, which it would recompute on return.
+    core = make(Autellix())
+    late = core.add_call(CallIdentity("late", call_id="l"), now_s=0.0, prompt_tokens=1212)
+    core.enqueue(late)
+    core.start(core.pop())
+    core.charge(late, decode_tokens=1, prefill_tokens=1211)  # the prefill samples a token
+    assert late.level == 1
+    newer = core.add_call(CallIdentity("newer", call_id="n"), now_s=1.0, prompt_tokens=900)
+    core.enqueue(newer)
+    assert newer.level == 0 and core.outranks(newer, late)
+    assert core.victims([late], free_seats=0) == []
+    core.charge(late, decode_tokens=74)  # 75 decoded: its prompt is not paid for yet
+    assert core.victims([late], free_seats=0) == []
+    core.charge(late, decode_tokens=1)  # 76 >= 75.75
+    assert core.victims([late], free_seats=0) == [late]
+    # Preempted and admitted again, it pays for its prompt again.
+    core.preempt(late)
+    core.start(core.pop())  # the newer call runs
+    core.start(core.pop())
+    assert late.decoded_since_start == 0 and core.displaceable([late]) == []
+
+
+def test_displaceable_counts_decoded_tokens_under_the_time_unit():
+    core = make(Autellix(), meter=ServiceMeter(unit="time"))
+    call = core.add_call(CallIdentity("p", call_id="a"), now_s=0.0, prompt_tokens=160)
+    core.enqueue(call)
+    core.start(core.pop())
+    core.charge(call, decode_tokens=1, prefill_tokens=159)  # engines pass tokens, no seconds
+    assert call.service == 0.0 and core.displaceable([call]) == []
+    core.charge(call, decode_tokens=9, seconds=0.5)  # 10 decoded = 160 x 0.0625
+    assert call.service == 0.5 and core.displaceable([call]) == [call]
 
 
 def test_fcfs_never_preempts_for_a_waiter():

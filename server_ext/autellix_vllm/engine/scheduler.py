@@ -307,12 +307,14 @@ class AutellixSchedulerMixin:
                 running.remove(victim)
                 self.waiter_preemptions["seat"] += 1
         # Seats may be free while KV blocks or the token budget are not: the best
-        # waiter then displaces the worst running call, still only across levels.
-        while running and (head := self.waiting.head()) is not None:
+        # waiter then displaces the worst displaceable running call, still only
+        # across levels.
+        while (head := self.waiting.head()) is not None:
             reason = self._head_blocked(head)
-            if reason is None:
+            displaceable = self.core.displaceable(running)
+            if reason is None or not displaceable:
                 break
-            victim = self.core.worst(running)
+            victim = self.core.worst(displaceable)
             if not self.core.outranks(head, victim) or not self._preempt(victim, now):
                 break
             running.remove(victim)
@@ -342,21 +344,22 @@ class AutellixSchedulerMixin:
         by_time = self.core.meter.unit == "time"
         for request_id, num_tokens in tokens.items():
             try:
-                self._start_and_charge(self.calls[request_id], num_tokens, by_time)
+                self._start_and_charge(self.calls[request_id], num_tokens)
             except Exception as error:
                 self.core.faults.record("charge", error, "the call is not charged for the step")
         if by_time and tokens:
             self._step_started[id(scheduler_output)] = (time.monotonic(), dict(tokens))
         super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
 
-    def _start_and_charge(self, call: Call, num_tokens: int, by_time: bool) -> None:
+    def _start_and_charge(self, call: Call, num_tokens: int) -> None:
         if call.state is not CallState.RUNNING:
             self.core.start(call)
             if self.residency is not None:
                 self.residency.started(call)
-        if not by_time:
-            decode, prefill = adapter.split_scheduled_tokens(call.payload, num_tokens)
-            self.core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
+        # Under the time unit this charges no service (the step's seconds are
+        # charged once it ran), but the core counts the decoded tokens.
+        decode, prefill = adapter.split_scheduled_tokens(call.payload, num_tokens)
+        self.core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
         if self.residency is None:  # else the residency orders vLLM's victims
             call.payload.priority = call.level
 

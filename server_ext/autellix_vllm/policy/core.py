@@ -236,6 +236,7 @@ class ProgramScheduler:
         """The call was admitted into the batch: its waiting stops here."""
         self.waiting.remove(call)
         self._stop_waiting(call)
+        call.decoded_since_start = 0
         call.state = CallState.RUNNING
 
     # ---- each step ----------------------------------------------------------------
@@ -252,7 +253,12 @@ class ProgramScheduler:
     def charge(
         self, call: Call, decode_tokens: int = 0, prefill_tokens: int = 0, seconds: float = 0.0
     ) -> None:
-        """Account the work one step did for ``call``; demote it when its quantum is spent."""
+        """Account the work one step did for ``call``; demote it when its quantum is spent.
+
+        Engines pass the step's tokens under either unit: the time unit's service
+        is ``seconds``, but :meth:`displaceable` counts decoded tokens.
+        """
+        call.decoded_since_start += decode_tokens
         amount = self.meter.amount(decode_tokens, prefill_tokens, seconds)
         if amount <= 0:
             return
@@ -284,6 +290,24 @@ class ProgramScheduler:
         """The running call to preempt first: the worst rank."""
         return max(running, key=self.rank)
 
+    def displaceable(self, running: Iterable[Call]) -> list[Call]:
+        """The running calls a better waiting call may displace: those that have
+        decoded, since they were admitted, at least their prompt's service
+        (``prompt_tokens`` at the meter's prefill weight).
+
+        Preempting a call throws its computed context away (vLLM frees its
+        blocks, and a context outside the working set waits to come back), so
+        its prompt is prefilled again when it returns. Until a call has done as
+        much work as that, displacing it costs more than it gained: the
+        rent-or-buy rule, which bounds the work a preemption wastes by the work
+        the call did. Without it, a late program's first call is demoted by its
+        own prompt during its prefill, and the next new program takes its seat
+        just after the prefill (docs/scheduling.md, "Levels").
+        Preemption for lack of KV blocks is not bound by this rule.
+        """
+        weight = self.meter.prefill_weight
+        return [c for c in running if c.decoded_since_start >= weight * c.prompt_tokens]
+
     def victims(
         self,
         running: Sequence[Call],
@@ -293,12 +317,16 @@ class ProgramScheduler:
         """Running calls that better waiting calls should displace from a full batch.
 
         The best ``free_seats`` waiters take the free seats; each waiter after them
-        displaces the worst remaining running call if it outranks it (a strictly
-        better level), so preemption never happens within a level. With
-        ``admissible`` (a KV-aware engine's working-set rule), only waiters it
-        admits count: a call that would not be admitted displaces nobody.
+        displaces the worst remaining :meth:`displaceable` running call if it
+        outranks it (a strictly better level), so preemption never happens within
+        a level. With ``admissible`` (a KV-aware engine's working-set rule), only
+        waiters it admits count: a call that would not be admitted displaces
+        nobody.
         """
-        if not self.waiting or not running:
+        if not self.waiting:
+            return []
+        running = self.displaceable(running)
+        if not running:
             return []
         free_seats = max(free_seats, 0)
         waiters = self._best_waiters(free_seats + 1, admissible)

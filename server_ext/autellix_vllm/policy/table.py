@@ -206,6 +206,9 @@ class Call:
     # Wait clock reading when the call last started waiting (None while not waiting).
     wait_started: float | None = None
     total_wait: float = 0.0
+    # Tokens decoded since the call was last admitted into the batch: a waiter may
+    # displace it only once this pays for its prompt (ProgramScheduler.displaceable).
+    decoded_since_start: int = 0
     preemptions: int = 0
     promotions: int = 0
     # Its call id was completed or in flight when it arrived: charged in full.
