@@ -28,12 +28,9 @@ def test_every_script_is_listed_and_has_a_main():
 
 
 def test_the_replica_grid_finds_the_short_program_that_pays(capsys):
-    assert (
-        experiment("replica_grid").main(
-            ["--seeds", "2", "--speeds", "234", "--scales", "0.736", "--workers", "1", "--json"]
-        )
-        == 0
-    )
+    assert experiment("replica_grid").main(
+        ["--seeds", "2", "--speeds", "234", "--scales", "0.736", "--workers", "1", "--json"]
+    ) == 0
     result = json.loads(capsys.readouterr().out)
     (point,) = result["points"]
     assert point["avg_ratio"] == pytest.approx(result["summary"]["mean_avg_ratio"])
