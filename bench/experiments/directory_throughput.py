@@ -59,14 +59,18 @@ def throughput(programs: int, calls: int, reports: int, replicas: int) -> dict[s
     }
 
 
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    made.add_argument("--programs", type=int, default=1000, help="(default: %(default)s)")
+    made.add_argument("--calls", type=int, default=100_000, help="(default: %(default)s)")
+    made.add_argument("--reports", type=int, default=1,
+                      help="reports each admission carries (default: %(default)s)")  # fmt: skip
+    made.add_argument("--replicas", type=int, default=64, help="(default: %(default)s)")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--programs", type=int, default=1000, help="(default: %(default)s)")
-    parser.add_argument("--calls", type=int, default=100_000, help="(default: %(default)s)")
-    parser.add_argument("--reports", type=int, default=1,
-                        help="reports each admission carries (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--replicas", type=int, default=64, help="(default: %(default)s)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     result = throughput(args.programs, args.calls, args.reports, args.replicas)
     print(json.dumps(result))
     return 0

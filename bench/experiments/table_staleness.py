@@ -78,23 +78,27 @@ def _ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",")]
 
 
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    made.add_argument("--workload", choices=sorted(RATE_PER_ENGINE), default="mixed",
+                      help="(default: %(default)s)")  # fmt: skip
+    made.add_argument("--engines", type=_ints, default=[16, 64], help="(default: 16,64)")
+    made.add_argument("--seeds", type=_ints, default=list(range(10, 15)),
+                      help="(default: 10-14)")  # fmt: skip
+    made.add_argument("--sync", default="fresh,0.1,1,10",
+                      help="fresh or seconds between batches, comma-separated"
+                      " (default: %(default)s)")  # fmt: skip
+    made.add_argument("--duration", type=float, default=30.0,
+                      help="seconds of arrivals per run (default: %(default)s)")  # fmt: skip
+    made.add_argument("--preset", default="a100-llama8b-kv", help="(default: %(default)s)")
+    made.add_argument("--lb", default="locality", help="(default: %(default)s)")
+    made.add_argument("--workers", type=int, default=1, help="(default: %(default)s)")
+    made.add_argument("--json", action="store_true", help="one JSON object per run")
+    return made
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=sorted(RATE_PER_ENGINE), default="mixed",
-                        help="(default: %(default)s)")  # fmt: skip
-    parser.add_argument("--engines", type=_ints, default=[16, 64], help="(default: 16,64)")
-    parser.add_argument("--seeds", type=_ints, default=list(range(10, 15)),
-                        help="(default: 10-14)")  # fmt: skip
-    parser.add_argument("--sync", default="fresh,0.1,1,10",
-                        help="fresh or seconds between batches, comma-separated"
-                        " (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--duration", type=float, default=30.0,
-                        help="seconds of arrivals per run (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--preset", default="a100-llama8b-kv", help="(default: %(default)s)")
-    parser.add_argument("--lb", default="locality", help="(default: %(default)s)")
-    parser.add_argument("--workers", type=int, default=1, help="(default: %(default)s)")
-    parser.add_argument("--json", action="store_true", help="one JSON object per run")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     cases = [
         (args.workload, engines, seed, sync, args.duration, args.preset, args.lb)
         for engines in args.engines for seed in args.seeds for sync in args.sync.split(",")
