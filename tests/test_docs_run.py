@@ -107,6 +107,12 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
         PARSE, "starts a Ray cluster and engines"),
     "python -m autellix_vllm.ray_serve.measure routers --programs 8 --calls 6": (
         PARSE, "starts a Ray cluster and engines"),
+    "python bench/experiments/table_staleness.py --engines 16 --seeds 10-14 --duration 10": (
+        PARSE, "simulations of minutes"),
+    "python bench/experiments/table_staleness.py --engines 64 --seeds 10,11 --duration 10": (
+        PARSE, "simulations of half an hour"),
+    "python bench/experiments/table_staleness.py --engines 16 --seeds 10,11 --duration 10"
+    " --lb round-robin": (PARSE, "simulations of minutes"),
     # docs/simulator.md
     "autellix simulate run --workload W --policy P --rate R [--programs N] [--engines E --lb L]": (
         FORM, "the command's form"),

@@ -83,3 +83,24 @@ def test_the_fair_share_compares_the_others_with_and_without_the_claims(capsys):
     assert result["fair_share"] is True and result["fair_share_of_budget"] == 0.5
     # The greedy owner's claims show in its held share, which stays within [0, 1].
     assert all(0 <= share <= 1 for share in row["greedy_held_share"])
+
+
+def test_the_staleness_table_has_a_row_per_engine_count_seed_and_sync(capsys):
+    staleness = experiment("table_staleness")
+    args = ["--engines", "2", "--seeds", "0", "--sync", "fresh,1", "--duration", "3", "--json"]
+    assert staleness.main(args) == 0
+    fresh, synced = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert (fresh["sync"], synced["sync"]) == ("fresh", "1")
+    assert fresh["programs"] == synced["programs"] == 24  # 4 programs/s per engine, 3 s
+    # One admission a call either way; a fresh table takes one report a call, a
+    # synced one at most one batch per engine a second.
+    assert fresh["report_per_s"] == fresh["admit_per_s"] == pytest.approx(synced["admit_per_s"])
+    assert 0 < synced["report_per_s"] < fresh["report_per_s"]
+
+
+def test_the_directory_admits_every_call_and_times_them(capsys):
+    args = ["--programs", "5", "--calls", "200", "--reports", "3", "--replicas", "2"]
+    assert experiment("directory_throughput").main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["calls"] == 200 and result["calls_per_s"] > 0
+    assert result["calls_per_s"] == pytest.approx(200 / result["seconds"])

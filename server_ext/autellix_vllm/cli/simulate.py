@@ -35,6 +35,9 @@ RUN_UNITS = {
     "reloaded_tokens": "tokens",
     "prefix_hit_rate": "of prompt tokens",
     "sim_seconds": "s (wall clock)",
+    "table_sync_s": "s (simulated)",
+    "directory_admissions_per_s": "messages/s (simulated)",
+    "directory_reports_per_s": "messages/s (simulated)",
 }
 
 
@@ -183,6 +186,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="how calls are spread over --engines",
     )  # fmt: skip
     run.add_argument("--trace", help="JSONL trace to replay instead of --workload (default: none)")
+    run.add_argument(
+        "--table-sync-s", type=_positive(float),
+        help="calls see their program's service over all engines as the Ray Serve"
+        " directory has it, with report batches this many seconds apart (docs/simulator.md);"
+        " the output then counts the directory's messages per second"
+        " (default: one always fresh table)",
+    )  # fmt: skip
     run.set_defaults(func=_run)
 
     sweep = commands.add_parser("sweep", help="max rate within the SLO, per policy")
@@ -264,6 +274,7 @@ def _run(args: argparse.Namespace) -> int:
             kv_offload_gib=args.kv_offload_gib,
             end_programs=args.end_programs,
             retention_hints=args.retention_hints,
+            table_sync_s=args.table_sync_s,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

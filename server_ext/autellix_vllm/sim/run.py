@@ -6,7 +6,9 @@ balancer, and waits there; an engine *starts* a step when it has work and
 *ends* it after the step's simulated duration; an engine *wakes* when a call's
 KV has loaded from its host tier. The router's view is emulated
 too: each call carries its program's service summed over all engines as prior
-service, as the real router passes it in ``X-Autellix-Prior-Service``.
+service, as the real router passes it in ``X-Autellix-Prior-Service``, from a
+table that is always fresh or, as the Ray Serve directory's, a report batch
+behind (:class:`~.directory.ServiceTable`).
 
 A sweep only needs to know whether a run's average latency per token exceeds
 its SLO. With ``stop_above`` the run ends as soon as that is certain (see
@@ -15,6 +17,7 @@ its SLO. With ``stop_above`` the run ends as soon as that is certain (see
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -37,6 +40,7 @@ from ..policy import (
 from ..registry import lookup
 from ..stats import percentile
 from ..workloads.trace import CallSpec, ProgramSpec
+from .directory import ServiceTable
 from .engine_model import Job, ProgramRun, SimEngine
 from .presets import EnginePreset, get_preset
 
@@ -126,6 +130,7 @@ class Simulation:
         end_programs: bool = True,
         retention_hints: bool = False,
         greedy_owners: Collection[str] = (),
+        table_sync_s: float | None = None,
     ) -> None:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy_name(policy), "policy")
         if engines < 1:
@@ -147,7 +152,7 @@ class Simulation:
         self.events: list[tuple[float, int, int, Any]] = []
         self._sequence = itertools.count()
         # The router's view: each program's service summed over all engines.
-        self.global_service: dict[str, float] = {}
+        self.table = ServiceTable(table_sync_s)
         self.dependents: dict[tuple[str, str], list[CallSpec]] = {}
         self.waiting_on: dict[tuple[str, str], int] = {}  # calls a call still waits for
         self.hints: dict[tuple[str, str], float | None] = {}  # (program, call) -> its hint
@@ -162,7 +167,7 @@ class Simulation:
                     seats=spec.max_num_seqs,
                 ),
                 prefix_caching,
-                self._complete,
+                functools.partial(self._complete, i),
                 self._post_wake,
             )
             for i in range(engines)
@@ -249,7 +254,7 @@ class Simulation:
         engine = self.engines[route.index]
         if engine.preset.exact_macro_steps and engine.catch_up(now):
             self._post_end(engine)
-        engine.submit(job, now, self.global_service.get(program_id, 0.0))
+        engine.submit(job, now, self.table.service(program_id, now))
         self._wake(engine, now)
 
     def _wake(self, engine: SimEngine, now: float) -> None:
@@ -285,15 +290,16 @@ class Simulation:
         self.step_versions[engine] += 1
         self._post(engine.step_end, _END, (engine, self.step_versions[engine]))
 
-    def _complete(self, job: Job, now: float) -> None:
-        """A call completed: credit its program and release the calls waiting for it."""
+    def _complete(self, engine_index: int, job: Job, now: float) -> None:
+        """A call completed on engine ``engine_index``: credit its program and release
+        the calls waiting for it."""
         run = job.program
         pid = run.program_id
         if job.spec.id in run.done:
             raise RuntimeError(f"call {job.spec.id} of {pid} completed twice")
         run.done.add(job.spec.id)
         run.calls_left -= 1
-        self.global_service[pid] = self.global_service.get(pid, 0.0) + job.call.service
+        self.table.call_ended(pid, job.call.service, engine_index, now)
         for dep in self.dependents.get((pid, job.spec.id), ()):
             key = (pid, dep.id)
             self.waiting_on[key] -= 1
@@ -364,6 +370,9 @@ class Simulation:
         shares = held_shares(sims)
         if shares:
             metrics["held_share_while_others_wait"] = shares
+        if self.table.sync_s is not None:
+            metrics["table_sync_s"] = self.table.sync_s
+            metrics.update(self.table.traffic(metrics["makespan"]))
         return metrics, lpt
 
 
@@ -441,6 +450,7 @@ def simulate(
     end_programs: bool = True,
     retention_hints: bool = False,
     greedy_owners: Collection[str] = (),
+    table_sync_s: float | None = None,
 ) -> SimResult:
     """Run ``programs`` to completion and report the paper's metrics.
 
@@ -460,6 +470,11 @@ def simulate(
     the longest hold (``ResidencyConfig.max_ttl_s``) with every call, whatever
     their programs do. With programs of two owners or more, the metrics give each
     owner's ``held_share_while_others_wait`` (see :func:`held_shares`).
+    ``table_sync_s``: calls see their program's service over all engines as the
+    Ray Serve directory has it, with report batches every ``table_sync_s``
+    seconds (:class:`~.directory.ServiceTable`; None: one always fresh table); the
+    metrics then give the directory's traffic (``directory_admissions_per_s``,
+    ``directory_reports_per_s``).
     """
     return Simulation(
         programs,
@@ -475,4 +490,5 @@ def simulate(
         end_programs=end_programs,
         retention_hints=retention_hints,
         greedy_owners=greedy_owners,
+        table_sync_s=table_sync_s,
     ).run()
