@@ -118,7 +118,8 @@ class EngineResidency:
         demand = sum(adapter.kv_blocks_to_grow(scheduler, r) for r in running)
         worst_running = max((calls[r.request_id].level for r in running), default=-1)
         if demand > adapter.free_kv_blocks(scheduler):
-            self._break(worst_running, demand)
+            # An idle context of the worst running call's own level gives way first.
+            self._break(worst_running - 1, demand)
 
     def _order_victims(self, running: list[Request], calls: dict[str, Call]) -> None:
         """vLLM preempts by its own rule when a running call cannot get blocks; make

@@ -487,7 +487,8 @@ class SimEngine:
             if job in preempted or batch.budget <= 0:
                 continue
             tokens = min(job.missing, batch.budget)
-            while not self._grow(job, tokens, job.call.level):
+            # An idle context of the call's own level gives way before a running call.
+            while not self._grow(job, tokens, job.call.level - 1):
                 victim = self._victim([j for j in self.running if j not in batch])
                 self._preempt(victim, now)
                 preempted.add(victim)
