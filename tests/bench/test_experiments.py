@@ -43,6 +43,15 @@ def test_the_replica_grid_point_where_a_short_program_used_to_pay(capsys):
     assert point["avg_ratio"] > 1.0
 
 
+def test_the_replica_grid_point_where_a_preempted_prefill_used_to_pay(capsys):
+    args = ["--seeds", "0", "--speeds", "234", "--scales", "0.85", "--workers", "1", "--json"]
+    assert experiment("replica_grid").main(args) == 0
+    (point,) = json.loads(capsys.readouterr().out)["points"]
+    # Seed 0's agent-1 had its third call preempted mid-prefill for KV while idle
+    # contexts of its own level stayed held; now those holds give way first.
+    assert point["short_over"] == []
+
+
 def test_a_band_is_the_mean_of_its_rates(capsys):
     band = experiment("band")
     args = ["--workload", "bfcl", "--setting", "a100-llama8b", "--centre", "0:4.0",

@@ -215,3 +215,38 @@ def test_a_held_program_s_next_call_does_not_preempt_for_blocks_it_holds(harness
     assert scheduler.autellix_snapshot()["waiter_preemptions"]["kv_blocks"] == 0
     harness.run_until_idle(scheduler)
     assert scheduler.autellix_snapshot()["preemptions"] == 0
+
+
+def test_kv_pressure_breaks_a_hold_of_the_running_call_s_own_level_before_preempting(harness):
+    """H's idle context is held at the worst level; R, of that level too, grows until
+    the blocks run out. The hold gives way: R is not preempted (it would be
+    recomputed in full, while H's next call may never come within the hold)."""
+    scheduler = harness.scheduler(
+        max_num_seqs=4, num_blocks=10, AUTELLIX_LEVELS="0,4,8", **KV_AWARE
+    )
+    scheduler.add_request(request("H1", "H", [21] * 48, max_tokens=10))
+    step_until_finished(harness, scheduler, "H1")
+    assert scheduler.autellix_snapshot()["residency"]["held_programs"] == 1
+    scheduler.add_request(request("R", "R", [31] * 40, max_tokens=80))
+    preempted = set()
+    for _ in range(200):
+        if "R" not in scheduler.requests:
+            break
+        calls = dict(scheduler.calls)
+        preempted |= harness.step(scheduler).preempted_req_ids
+    assert calls["R"].level == 2
+    assert scheduler.core.program_level(calls["R"].program) == 2
+    assert not preempted
+    assert scheduler.autellix_snapshot()["residency"]["holds_broken"] == 1
+
+
+def test_a_hold_ranks_with_the_service_of_the_call_that_just_finished(harness):
+    """H's only call (48 prompt tokens, 10 out) takes H to the worst level; its hold
+    is of that level, not of the level H had before the call was charged."""
+    scheduler = harness.scheduler(
+        max_num_seqs=4, num_blocks=30, AUTELLIX_LEVELS="0,4,8", **KV_AWARE
+    )
+    scheduler.add_request(request("H1", "H", [21] * 48, max_tokens=10))
+    step_until_finished(harness, scheduler, "H1")
+    (hold,) = scheduler.residency.rules.holds.values()
+    assert hold.level == scheduler.core.program_level(hold.program) == 2

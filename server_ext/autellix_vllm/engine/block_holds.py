@@ -16,12 +16,13 @@ vLLM (through the adapter), for a KV-aware policy (``autellix``, the default):
   and no running call must fit its whole sequence in the free blocks beside the
   headroom; others wait (cutting short other owners' holds past their fair
   share, ``Residency.cut_for``) and calls behind them go first;
-* **KV pressure**: before each step, holds of the worst-ranked programs are
-  released while the running calls' next tokens need more blocks than are free,
-  so vLLM preempts a running call only when no hold is left to give up; and
-  the running calls are put in the core's victim order (the worst level, then
-  the fewest computed tokens, which vLLM would recompute on resume), so the
-  call vLLM then preempts is the core's victim.
+* **KV pressure**: before each step, holds of programs in the worst running
+  call's level or worse (worst first) are released while the running calls'
+  next tokens need more blocks than are free, so vLLM preempts a running call
+  only when no such hold is left to give up; and the running calls are put
+  in the core's victim order (the worst level, then the fewest computed
+  tokens, which vLLM would recompute on resume), so the call vLLM then
+  preempts is the core's victim.
 
 A program is one context here (vLLM's prefix cache finds every shared prefix by
 content, so a program's threads need no context of their own).
@@ -68,11 +69,11 @@ class EngineResidency:
             self._unreference(program_id)
 
     def finishing(self, request: Request, call: Call, aborted: bool) -> None:
-        """Before vLLM frees a finished request: hold its cached blocks if its program
-        has no other call in flight (the program's last call, a completion)."""
+        """The core has finished ``call`` and vLLM is about to free its request: hold
+        its cached blocks if its program has no other call in flight."""
         program = call.program
         program_id = program.program_id
-        if aborted or program.ended or len(program.active_calls) > 1:
+        if aborted or program.ended or program.active_calls:
             return
         blocks = adapter.cached_blocks(self.scheduler, request)
         if program_id in self._blocks:  # an earlier call's hold: the new one replaces it

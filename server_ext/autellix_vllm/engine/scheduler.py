@@ -258,12 +258,14 @@ class AutellixSchedulerMixin:
         call = self.calls.pop(request.request_id, None)
         if call is not None:
             aborted = adapter.was_aborted(request)
-            if self.residency is not None:  # before vLLM frees the blocks it may hold
-                self._residency_hook("finishing", self.residency.finishing, request, call, aborted)
             try:
                 self.core.finish(call, time.time(), aborted=aborted)
             except Exception as error:
                 self.core.faults.record("finish", error, "the call's program is not charged")
+            # After the charge, so a hold ranks with the program's service as it is
+            # now; before vLLM frees the blocks the hold keeps.
+            if self.residency is not None:
+                self._residency_hook("finishing", self.residency.finishing, request, call, aborted)
         return super()._free_request(request, delay_free_blocks)  # type: ignore[misc]
 
     # ---- each step ------------------------------------------------------------------

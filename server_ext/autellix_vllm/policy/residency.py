@@ -39,10 +39,12 @@ working set keeps processes within memory:
   engine's own estimate stays ranked by program alone, because cutting an
   honest long context to an owner's share costs its whole prefill when the
   program returns (docs/scheduling.md, "Hints and the fair share").
-* **Victim cost.** When KV runs out under running calls, holds of worse-ranked
-  programs go first; then, among the running calls of the worst level, the one
-  whose preemption is cheapest to undo (nothing cached is cheapest, a reload
-  from host memory next, recomputing a long context dearest).
+* **Victim cost.** When KV runs out under running calls, holds of programs in
+  their level or worse go first (a running call is dearer to undo than an idle
+  context of its own level, which may not be needed within its hold); then,
+  among the running calls of the worst level, the one whose preemption is
+  cheapest to undo (nothing cached is cheapest, a reload from host memory
+  next, recomputing a long context dearest).
 
 This module keeps the holds and makes the decisions; the engine (the simulator
 or the vLLM scheduler) owns the blocks and applies them.

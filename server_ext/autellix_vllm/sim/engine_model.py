@@ -27,7 +27,8 @@ the waiting calls.
 Under a KV-aware policy (``policy.residency``) the engine also holds an idle
 context's blocks after its call ends (pinned like a shared prefix, until the
 program's next call is admitted or the hold ends), skips waiting calls outside
-the working set, breaks holds of worse-ranked programs before it preempts, and
+the working set, breaks holds of programs in a running call's level or worse
+before it preempts, and
 preempts the running call cheapest to undo within the worst level.
 
 A step with only decodes repeats until something changes, so the engine runs
