@@ -46,6 +46,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " vllm-opt,plas-atlas,autellix --plot docs/img/agent-sessions.png": (PARSE, _SWEEP),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
     " --kv-blocks 96 --json": (PARSE, _ENGINE),
+    "autellix bench engine --workload agent --seed 1 --programs 24 --max-num-seqs 8"
+    " --max-model-len 1536 --kv-blocks 64 --json": (PARSE, _ENGINE),
     "autellix simulate bench-policy --policy plas-atlas --json": (RUN, "median_ms_per_step"),
     "autellix bench router-overhead --seconds 5 --json": (PARSE, "times the router: a minute"),
     # README.md
@@ -106,6 +108,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "python -m autellix_vllm.ray_serve.measure overhead --calls 200": (
         PARSE, "starts a Ray cluster and engines"),
     "python -m autellix_vllm.ray_serve.measure routers --programs 8 --calls 6": (
+        PARSE, "starts a Ray cluster and engines"),
+    "python -m autellix_vllm.ray_serve.measure throughput": (
         PARSE, "starts a Ray cluster and engines"),
     "python bench/experiments/table_staleness.py --engines 16 --seeds 10-14 --duration 10": (
         PARSE, "simulations of minutes"),

@@ -8,6 +8,13 @@ that the machine's load weighs on both alike. Their p50 difference is what the
 Ray path adds over the router; calls without a program through the Ray path
 (no directory round trip) show the directory's share.
 
+``python -m autellix_vllm.ray_serve.measure throughput``: the calls per second
+the Ray path sustains against today's router, each in front of one tiny
+engine: ``--clients`` threads send calls (``max_tokens`` 1, one program each)
+back to back for ``--seconds``, first through the router, then through the Ray
+application, alternating for ``--rounds``; both stacks stay up throughout, so
+an idle one weighs on the machine like a busy one.
+
 ``python -m autellix_vllm.ray_serve.measure routers``: programs whose context
 grows call by call (a unique system prompt, then each answer and a new user
 turn) on two engine replicas, under the program-aware router and Ray's
@@ -148,6 +155,57 @@ def overhead(calls: int) -> dict[str, Any]:
     return result
 
 
+def _calls_per_second(base_url: str, clients: int, seconds: float) -> float:
+    """Calls answered per second by ``clients`` threads sending back to back."""
+
+    def send(index: int, model: str, deadline: float) -> int:
+        with httpx.Client(base_url=base_url, timeout=120) as client:
+            pid = client.post("/autellix/v1/programs").json()["program_id"]
+            body = {"model": model, "max_tokens": 1,
+                    "messages": [{"role": "user", "content": f"hi {index}"}]}  # fmt: skip
+            answered = 0
+            while time.perf_counter() < deadline:
+                answer = client.post(
+                    "/v1/chat/completions", json=body, headers={"X-Autellix-Program-Id": pid}
+                )
+                answer.raise_for_status()
+                answered += 1
+            return answered
+
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        model = _model(client)
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(send, i, model, started + seconds) for i in range(clients)]
+        answered = sum(future.result() for future in futures)
+    return answered / (time.perf_counter() - started)
+
+
+def throughput(clients: int, seconds: float, rounds: int, ingress_replicas: int) -> dict[str, Any]:
+    """See the module's docstring."""
+    config = RayServeConfig(
+        engine={**TINY, "engines_on_host": 2},
+        replicas=1,
+        ingress_replicas=ingress_replicas,
+        ingress=IngressSettings(chars_per_token=CHARS_PER_TOKEN),
+    )
+    rates: dict[str, list[float]] = {"router": [], "ray": []}
+    with router_process() as router_url, local_cluster() as port:
+        serve.run(build_app(config), name=APP_NAME, route_prefix="/")
+        urls = {"router": router_url, "ray": f"http://127.0.0.1:{port}"}
+        for url in urls.values():  # warm-up: connections, compiled graphs, caches
+            _calls_per_second(url, clients, 3)
+        for _ in range(rounds):
+            for name, url in urls.items():
+                rates[name].append(_calls_per_second(url, clients, seconds))
+    return {
+        **{f"{name}_calls_per_s": values for name, values in rates.items()},
+        "clients": clients,
+        "seconds": seconds,
+        "ingress_replicas": ingress_replicas,
+    }
+
+
 def _run_program(base_url: str, model: str, index: int, calls: int) -> dict[str, Any]:
     with httpx.Client(base_url=base_url, timeout=120) as client:
         pid = client.post("/autellix/v1/programs").json()["program_id"]
@@ -216,6 +274,11 @@ def parser() -> argparse.ArgumentParser:
     made = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = made.add_subparsers(dest="what", required=True)
     sub.add_parser("overhead").add_argument("--calls", type=int, default=200)
+    loaded = sub.add_parser("throughput")
+    loaded.add_argument("--clients", type=int, default=16)
+    loaded.add_argument("--seconds", type=float, default=20)
+    loaded.add_argument("--rounds", type=int, default=2)
+    loaded.add_argument("--ingress-replicas", type=int, default=1)
     routed = sub.add_parser("routers")
     routed.add_argument("--programs", type=int, default=8)
     routed.add_argument("--calls", type=int, default=6)
@@ -227,6 +290,8 @@ def main() -> None:
     args = parser().parse_args()
     if args.what == "overhead":
         result = overhead(args.calls)
+    elif args.what == "throughput":
+        result = throughput(args.clients, args.seconds, args.rounds, args.ingress_replicas)
     else:
         result = routers(args.programs, args.calls, args.routers.split(","))
     print(json.dumps(result, indent=2))
