@@ -82,6 +82,6 @@ def test_the_gpu_extra_resolves_to_vllm_and_its_cuda_torch_from_the_registry(tmp
     )
     torch = by_name["torch"]["metadata"]["version"]
     assert torch == pinned and "+cpu" not in torch, (torch, pinned)
-    assert all(item["download_info"]["url"].startswith("https://") for item in installs), (
-        "every package from the registry, none from a local folder"
-    )
+    assert all(
+        item["download_info"]["url"].startswith("https://") for item in installs
+    ), "every package from the registry, none from a local folder"

@@ -56,11 +56,8 @@ def replica(point: tuple[int, float, float, str]) -> dict[str, Any]:
     config = PolicyConfig(levels=Levels.parse(scaled_levels(bench)))
     latency = {
         scheduler: simulate(
-            programs,
-            sim_policy,
-            preset=settings.engine_preset(scale),
-            max_num_seqs=bench.max_num_seqs,
-            config=config,
+            programs, sim_policy, preset=settings.engine_preset(scale),
+            max_num_seqs=bench.max_num_seqs, config=config,
         ).latency_per_token  # fmt: skip
         for scheduler, sim_policy in settings.sim_policies.items()
     }

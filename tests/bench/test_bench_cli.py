@@ -26,10 +26,6 @@ def test_results_print_as_one_json_line_or_as_indented_rows(capsys):
     print_result(result, as_json=False)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split() for line in lines] == [
-        ["avg", "0.123457"],
-        ["baseline"],
-        ["p95", "2"],
-        ["scheduler", "vllm"],
-        ["n", "3"],
+        ["avg", "0.123457"], ["baseline"], ["p95", "2"], ["scheduler", "vllm"], ["n", "3"],
     ]
     assert lines[2].startswith("  p95")

@@ -28,12 +28,8 @@ def test_every_script_is_listed_and_has_a_main():
 
 
 def test_the_replica_grid_point_where_a_short_program_used_to_pay(capsys):
-    assert (
-        experiment("replica_grid").main(
-            ["--seeds", "2", "--speeds", "234", "--scales", "0.736", "--workers", "1", "--json"]
-        )
-        == 0
-    )
+    args = ["--seeds", "2", "--speeds", "234", "--scales", "0.736", "--workers", "1", "--json"]
+    assert experiment("replica_grid").main(args) == 0
     result = json.loads(capsys.readouterr().out)
     (point,) = result["points"]
     assert point["avg_ratio"] == pytest.approx(result["summary"]["mean_avg_ratio"])

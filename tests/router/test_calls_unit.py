@@ -215,12 +215,8 @@ def test_ps_prints_one_row_per_program_and_marks_dead_engines():
             },  # fmt: skip
             {"program_id": "old", "name": None, "engine": "engine-1", "age_s": 4000},
             # Short prompts bind to no engine: ENGINE names where its calls ran.
-            {
-                "program_id": "short",
-                "engine": None,
-                "engines": {"engine-1": 1, "engine-0": 2},
-                "age_s": 3,
-            },
+            {"program_id": "short", "engine": None, "engines": {"engine-1": 1, "engine-0": 2},
+             "age_s": 3},
             {"program_id": "new", "engine": None, "engines": {}, "age_s": 1},
         ],
     }

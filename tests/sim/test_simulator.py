@@ -13,7 +13,8 @@ from autellix_vllm.workloads.trace import TraceError, load_trace, write_trace
 
 def chain(pid: str, steps: list[int]) -> ProgramSpec:
     calls = tuple(
-        CallSpec(f"{pid}{i}", d, after=(f"{pid}{i - 1}",) if i else ()) for i, d in enumerate(steps)
+        CallSpec(f"{pid}{i}", d, after=(f"{pid}{i - 1}",) if i else ())
+        for i, d in enumerate(steps)
     )
     return ProgramSpec(pid, 0.0, calls)
 
@@ -36,31 +37,10 @@ def test_figure_2_through_a_trace_file(tmp_path):
     write_trace(FIGURE_2, path)
     assert load_trace(path) == FIGURE_2
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autellix_vllm",
-            "simulate",
-            "run",
-            "--trace",
-            str(path),
-            "--policy",
-            "plas",
-            "--preset",
-            "unit",
-            "--max-num-seqs",
-            "2",
-            "--levels",
-            ",".join(str(i) for i in range(64)),
-            "--beta",
-            "1e9",
-            "--prefill-weight",
-            "0",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, "-m", "autellix_vllm", "simulate", "run", "--trace", str(path),
+         "--policy", "plas", "--preset", "unit", "--max-num-seqs", "2", "--levels",
+         ",".join(str(i) for i in range(64)), "--beta", "1e9", "--prefill-weight", "0", "--json"],
+        capture_output=True, text=True, check=True,
     )
     assert json.loads(out.stdout)["total_wait"] == 12
 
@@ -183,27 +163,18 @@ def test_longer_traces_extend_shorter_ones():
     [
         ("not json", "not valid JSON"),
         ('{"arrival": 0, "calls": []}', "missing key 'program_id'"),
-        (
-            '{"program_id": "A", "arrival": -1, "calls": [{"id": 1, "decode_tokens": 1}]}',
-            "arrival must be >= 0",
-        ),
-        (
-            '{"program_id": "A", "arrival": 0, "calls": [{"id": "a", "decode_tokens": 0}]}',
-            "decode_tokens must be >= 1",
-        ),
-        (
-            '{"program_id": "A", "arrival": 0, "calls": [{"id": "a", "decode_tokens": 2, '
-            '"after": ["b"]}]}',
-            "not an earlier call",
-        ),
+        ('{"program_id": "A", "arrival": -1, "calls": [{"id": 1, "decode_tokens": 1}]}',
+         "arrival must be >= 0"),
+        ('{"program_id": "A", "arrival": 0, "calls": [{"id": "a", "decode_tokens": 0}]}',
+         "decode_tokens must be >= 1"),
+        ('{"program_id": "A", "arrival": 0, "calls": [{"id": "a", "decode_tokens": 2, '
+         '"after": ["b"]}]}', "not an earlier call"),
     ],
 )
 def test_malformed_trace_lines_are_named(tmp_path, line, problem):
     path = tmp_path / "bad.jsonl"
-    path.write_text(
-        '{"program_id": "ok", "arrival": 0, "calls": [{"id": "x", "decode_tokens": 1}]}'
-        "\n" + line + "\n"
-    )
+    path.write_text('{"program_id": "ok", "arrival": 0, "calls": [{"id": "x", "decode_tokens": 1}]}'
+                    "\n" + line + "\n")
     with pytest.raises(TraceError, match=problem) as err:
         load_trace(path)
     assert "bad.jsonl:2" in str(err.value)
@@ -211,10 +182,8 @@ def test_malformed_trace_lines_are_named(tmp_path, line, problem):
 
 def test_trace_extra_keys_are_ignored(tmp_path):
     path = tmp_path / "extra.jsonl"
-    path.write_text(
-        '{"program_id": "A", "arrival": 0, "note": "x", "calls": '
-        '[{"id": "a", "decode_tokens": 2, "model": "m"}]}\n'
-    )
+    path.write_text('{"program_id": "A", "arrival": 0, "note": "x", "calls": '
+                    '[{"id": "a", "decode_tokens": 2, "model": "m"}]}\n')
     assert load_trace(path)[0].calls[0].decode_tokens == 2
 
 
@@ -234,8 +203,7 @@ def test_trace_extra_keys_are_ignored(tmp_path):
 def test_cli_rejects_bad_input_with_one_line(args, message):
     out = subprocess.run(
         [sys.executable, "-m", "autellix_vllm", "simulate", *args],
-        capture_output=True,
-        text=True,
+        capture_output=True, text=True,
     )
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
@@ -243,19 +211,8 @@ def test_cli_rejects_bad_input_with_one_line(args, message):
 
 def test_cli_bench_policy_prints_the_median():
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "autellix_vllm",
-            "simulate",
-            "bench-policy",
-            "--steps",
-            "50",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+        [sys.executable, "-m", "autellix_vllm", "simulate", "bench-policy", "--steps", "50",
+         "--json"], capture_output=True, text=True, check=True,
     )
     result = json.loads(out.stdout)
     assert result["median_ms_per_step"] > 0 and result["waiting"] == 1000
@@ -264,7 +221,9 @@ def test_cli_bench_policy_prints_the_median():
 def test_sweep_finds_a_max_rate_and_plots(tmp_path):
     from autellix_vllm.sim.sweep import plot, sweep
 
-    result, curves = sweep("bfcl", ["vllm-opt", "autellix"], duration=20, max_num_seqs=8, workers=1)
+    result, curves = sweep(
+        "bfcl", ["vllm-opt", "autellix"], duration=20, max_num_seqs=8, workers=1
+    )
     assert set(result["max_rate"]) == {"vllm-opt", "autellix"}
     assert result["ratio"]["vllm-opt"] == 1.0
     for curve in curves:

@@ -22,11 +22,6 @@ def test_quick_tunes_sharegpt_and_lats_only():
 
 
 def test_a_row_is_a_markdown_table_row():
-    metrics = {
-        "avg_latency_per_token": 0.05634,
-        "p95_latency_per_token": 0.187,
-        "p99_latency_per_token": 0.2174,
-        "preemptions": 356,
-        "promotions": 0,
-    }
+    metrics = {"avg_latency_per_token": 0.05634, "p95_latency_per_token": 0.187,
+               "p99_latency_per_token": 0.2174, "preemptions": 356, "promotions": 0}
     assert row("base", metrics) == "| base | 0.0563 | 0.1870 | 0.2174 | 356 | 0 |"

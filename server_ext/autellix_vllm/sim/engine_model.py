@@ -28,8 +28,8 @@ Under a KV-aware policy (``policy.residency``) the engine also holds an idle
 context's blocks after its call ends (pinned like a shared prefix, until the
 program's next call is admitted or the hold ends), skips waiting calls outside
 the working set, breaks holds of programs in a running call's level or worse
-before it preempts, and
-preempts the running call cheapest to undo within the worst level.
+before it preempts, and preempts the running call cheapest to undo within the
+worst level.
 
 A step with only decodes repeats until something changes, so the engine runs
 such stretches as one *macro step* of k steps (until the first completion,

@@ -133,14 +133,7 @@ def _latency_ratios(
         ]
         ours = [
             pool.submit(
-                _fixed_rate,
-                workload,
-                where,
-                DEFAULT_POLICY,
-                rate,
-                seed,
-                config,
-                duration,
+                _fixed_rate, workload, where, DEFAULT_POLICY, rate, seed, config, duration,
                 LATENCY_TOLERANCE * base.result()["avg_latency_per_token"],
             )  # fmt: skip
             for rate, base in zip(rates, baseline, strict=True)
@@ -225,7 +218,9 @@ def format_row(cell: dict[str, Any], policies: Sequence[str]) -> str:
     worst = max(cell["latency"].items(), key=lambda item: item[1]["ratio"])
     latency = f"{worst[1]['ratio']:.2f}@{worst[0]:g}x"
     verdict_text = "met" if not cell["misses"] else "MISS: " + "; ".join(cell["misses"])
-    return f"{cell['setting']:<24} {cell['workload']:<9} {ratios}  {latency:>10}  {verdict_text}"
+    return (
+        f"{cell['setting']:<24} {cell['workload']:<9} {ratios}  {latency:>10}  {verdict_text}"
+    )
 
 
 def format_header(policies: Sequence[str]) -> str:

@@ -11,14 +11,8 @@ MAX_CONTEXT = 8192  # a common max_model_len for 8B chat serving; history is tru
 
 
 def chain(
-    rng: random.Random,
-    pid: str,
-    n: int,
-    system: int,
-    new: float,
-    decode: float,
-    decode_sigma: float,
-    gap: float,
+    rng: random.Random, pid: str, n: int, system: int, new: float, decode: float,
+    decode_sigma: float, gap: float,
 ) -> tuple[CallSpec, ...]:
     """``n`` calls, each prompted with the history so far plus its own new tokens."""
     calls, history = [], system

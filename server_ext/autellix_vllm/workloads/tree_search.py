@@ -21,20 +21,12 @@ def lats(rng: random.Random, pid: str) -> tuple[CallSpec, ...]:
         for j in range(width):
             thread = f"i{it}.t{j}"
             gen = CallSpec(
-                f"{pid}.i{it}.g{j}",
-                lognormal(rng, 72, 0.5, 4, 512),
-                path,
-                thread=thread,
-                parent_thread="main",
-                after=(last_main,),
+                f"{pid}.i{it}.g{j}", lognormal(rng, 72, 0.5, 4, 512), path,
+                thread=thread, parent_thread="main", after=(last_main,),
             )
             value = CallSpec(
-                f"{pid}.i{it}.v{j}",
-                lognormal(rng, 72, 0.5, 4, 512),
-                path + gen.decode_tokens,
-                thread=thread,
-                parent_thread="main",
-                after=(gen.id,),
+                f"{pid}.i{it}.v{j}", lognormal(rng, 72, 0.5, 4, 512), path + gen.decode_tokens,
+                thread=thread, parent_thread="main", after=(gen.id,),
                 tool_gap=rng.expovariate(1 / 0.05),
             )
             calls += [gen, value]
