@@ -105,7 +105,7 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix ray-serve --model tiny --replicas 2": (PARSE, "starts a Ray cluster and engines"),
     "autellix ray-serve --address auto --model smollm2 --replicas 4 --engine-cpus 4": (
         PARSE, "needs a Ray cluster"),
-    "python -m autellix_vllm.ray_serve.measure overhead --calls 200": (
+    "python -m autellix_vllm.ray_serve.measure breakdown --calls 200": (
         PARSE, "starts a Ray cluster and engines"),
     "python -m autellix_vllm.ray_serve.measure routers --programs 8 --calls 6": (
         PARSE, "starts a Ray cluster and engines"),

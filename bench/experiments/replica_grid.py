@@ -16,6 +16,10 @@ it), under FCFS and the candidate policy, and prints per point:
 
     python bench/experiments/replica_grid.py                      # 12 seeds x 5 x 3
     python bench/experiments/replica_grid.py --seeds 0-3 --policy plas-atlas --json
+    python bench/experiments/replica_grid.py --programs 24 --max-model-len 1536 --kv-blocks 64
+
+The last replays another mix of the same agents (the bench's flags of the same
+names): 24 sessions whose contexts end at 1,536 tokens, in 64 KV blocks.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import argparse
 import json
 import statistics
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from autellix_vllm.bench.fidelity import FidelitySettings
@@ -39,18 +44,27 @@ SCALES = (0.736, 0.85, 0.933)
 SHORT_LIMIT = 1.1  # a short program may be this much slower than under FCFS
 
 
-def bench_settings(seed: int, policy: str) -> BenchSettings:
+@dataclass(frozen=True)
+class Mix:
+    """The agent bench's shape: sessions, their context limit, the engine's KV blocks."""
+
+    programs: int = 14
+    max_model_len: int = 2560
+    kv_blocks: int = 96
+
+
+def bench_settings(seed: int, policy: str, mix: Mix = Mix()) -> BenchSettings:
     """The KV-bound agent bench of docs/benchmarks.md, on workload seed ``seed``."""
     return BenchSettings(
-        workload="agent", programs=14, max_num_seqs=8, max_model_len=2560, kv_blocks=96,
-        policy=policy, seed=seed,
+        workload="agent", programs=mix.programs, max_num_seqs=8,
+        max_model_len=mix.max_model_len, kv_blocks=mix.kv_blocks, policy=policy, seed=seed,
     )  # fmt: skip
 
 
-def replica(point: tuple[int, float, float, str]) -> dict[str, Any]:
+def replica(point: tuple[int, float, float, str, Mix]) -> dict[str, Any]:
     """One grid point: FCFS and ``policy`` on the simulated bench."""
-    seed, speed, scale, policy = point
-    bench = bench_settings(seed, policy)
+    seed, speed, scale, policy, mix = point
+    bench = bench_settings(seed, policy, mix)
     settings = FidelitySettings.for_bench(bench)
     programs = spread(build_workload(bench), bench.arrival_window, speed)
     config = PolicyConfig(levels=Levels.parse(scaled_levels(bench)))
@@ -76,9 +90,14 @@ def replica(point: tuple[int, float, float, str]) -> dict[str, Any]:
 
 
 def grid(
-    seeds: list[int], speeds: list[float], scales: list[float], policy: str, workers: int
+    seeds: list[int],
+    speeds: list[float],
+    scales: list[float],
+    policy: str,
+    workers: int,
+    mix: Mix = Mix(),
 ) -> list[dict[str, Any]]:
-    points = [(seed, speed, scale, policy)
+    points = [(seed, speed, scale, policy, mix)
               for seed in seeds for speed in speeds for scale in scales]  # fmt: skip
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(replica, points))
@@ -115,10 +134,14 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"time scales (default: {SCALES})")  # fmt: skip
     parser.add_argument("--policy", default=DEFAULT_POLICY, help="(default: %(default)s)")
     parser.add_argument("--workers", type=int, default=2, help="(default: %(default)s)")
+    for name, default in asdict(Mix()).items():
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=default, help="(default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)
-    rows = grid(args.seeds, args.speeds, args.scales, args.policy, args.workers)
-    result = {"policy": args.policy, "summary": summary(rows), "points": rows}
+    mix = Mix(args.programs, args.max_model_len, args.kv_blocks)
+    rows = grid(args.seeds, args.speeds, args.scales, args.policy, args.workers, mix)
+    result = {"policy": args.policy, "mix": asdict(mix), "summary": summary(rows), "points": rows}
     if args.json:
         print(json.dumps(result))
         return 0

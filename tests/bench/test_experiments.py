@@ -48,6 +48,18 @@ def test_the_replica_grid_point_where_a_preempted_prefill_used_to_pay(capsys):
     assert point["short_over"] == []
 
 
+def test_the_replica_grid_replays_another_mix_of_the_bench(capsys):
+    point = ["--seeds", "1", "--speeds", "190", "--scales", "0.85", "--workers", "1", "--json"]
+    mix = ["--programs", "24", "--max-model-len", "1536", "--kv-blocks", "64"]
+    assert experiment("replica_grid").main(point) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert experiment("replica_grid").main(point + mix) == 0
+    other = json.loads(capsys.readouterr().out)
+    assert default["mix"] == {"programs": 14, "max_model_len": 2560, "kv_blocks": 96}
+    assert other["mix"] == {"programs": 24, "max_model_len": 1536, "kv_blocks": 64}
+    assert other["points"][0]["avg_ratio"] != default["points"][0]["avg_ratio"]
+
+
 def test_a_band_is_the_mean_of_its_rates(capsys):
     band = experiment("band")
     args = ["--workload", "bfcl", "--setting", "a100-llama8b", "--centre", "0:4.0",

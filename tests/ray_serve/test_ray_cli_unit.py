@@ -31,8 +31,31 @@ def test_on_a_cluster_the_engines_do_not_split_one_hosts_cores():
 
 
 @pytest.mark.parametrize(
-    "argv", [("--replicas", "0"), ("--allow-remote-upstreams",), ("--max-num-seqs", "0")]
-)
+    "argv",
+    [("--replicas", "0"), ("--allow-remote-upstreams",), ("--max-num-seqs", "0"),
+     ("--engine-gpus", "-1")],
+)  # fmt: skip
 def test_bad_flags_are_usage_errors(argv):
     with pytest.raises(UsageError):
         config(*argv)
+
+
+def test_each_deployment_takes_as_many_calls_as_its_callers_send():
+    options = deployment_options_of("--replicas", "2", "--ingress-replicas", "3")
+    # Serve's default (5 at once) would queue the sixth concurrent client at the proxy.
+    assert options["Ingress"]["max_ongoing_requests"] == 1024
+    assert options["ProgramDirectory"]["max_ongoing_requests"] == 3 * 1024
+    assert options["EngineReplica"]["max_ongoing_requests"] == 64
+    assert (options["Ingress"]["num_replicas"], options["EngineReplica"]["num_replicas"]) == (3, 2)
+
+
+def test_engine_gpus_reach_the_replicas_resources():
+    options = deployment_options_of("--engine-gpus", "1", "--engine-cpus", "2")
+    assert options["EngineReplica"]["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1.0}
+    assert deployment_options_of()["EngineReplica"]["ray_actor_options"]["num_gpus"] == 0.0
+
+
+def deployment_options_of(*argv: str):
+    from autellix_vllm.ray_serve.app import deployment_options
+
+    return deployment_options(config(*argv))

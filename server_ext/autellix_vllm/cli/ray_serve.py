@@ -56,6 +56,12 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     parser.add_argument(
         "--engine-cpus", type=float, default=1.0, help="CPUs Ray reserves per engine replica"
     )
+    parser.add_argument(
+        "--engine-gpus",
+        type=float,
+        default=0.0,
+        help="GPUs Ray reserves per engine replica (1 on a GPU cluster: one engine per GPU)",
+    )
     add_engine_arguments(parser)
     add_router_arguments(parser)
     parser.set_defaults(func=run, log_file=None)
@@ -87,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> object:
             balancer=args.lb,
             locality_threshold=args.locality_threshold,
             engine_cpus=args.engine_cpus,
+            engine_gpus=args.engine_gpus,
             health_check_period_s=args.health_interval,
             directory={
                 "max_programs": args.max_programs,

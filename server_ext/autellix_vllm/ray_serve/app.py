@@ -43,10 +43,15 @@ class RayServeConfig:
     router: str = "autellix"
     balancer: str = "locality"
     locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD
-    # CPUs Ray reserves per engine replica (its engine's threads run in that share).
+    # CPUs (GPUs) Ray reserves per engine replica (its engine runs in that share).
     engine_cpus: float = 1.0
+    engine_gpus: float = 0.0
     # Calls one engine replica takes at once before Serve queues them elsewhere.
     max_ongoing_calls: int = 64
+    # Calls one ingress replica relays at once. Serve's default (5) would queue the
+    # sixth concurrent client at the proxy although an ingress replica only waits
+    # on its engines; this bounds it as the engines' seats do.
+    max_ongoing_ingress_calls: int = 1024
     health_check_period_s: float = 2.0
     # ProgramDirectory's bounds (max_programs, max_programs_per_owner, ...).
     directory: dict[str, Any] = field(default_factory=dict)
@@ -57,36 +62,52 @@ class RayServeConfig:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         if self.replicas < 1 or self.ingress_replicas < 1:
             raise ValueError("replicas and ingress_replicas must be at least 1")
+        if self.max_ongoing_calls < 1 or self.max_ongoing_ingress_calls < 1:
+            raise ValueError("max_ongoing_calls and max_ongoing_ingress_calls must be at least 1")
+        if self.engine_cpus < 0 or self.engine_gpus < 0:
+            raise ValueError("engine_cpus and engine_gpus must be >= 0")
         if isinstance(self.ingress, dict):
             self.ingress = IngressSettings(**self.ingress)
 
 
-def build_app(config: RayServeConfig) -> Any:
-    """The bound Serve application (``serve.run`` takes it)."""
+def deployment_options(config: RayServeConfig) -> dict[str, dict[str, Any]]:
+    """Each deployment's Serve options (``serve.deployment``'s keyword arguments), by name."""
     router_kwargs = (
         {"balancer": config.balancer, "locality_threshold": config.locality_threshold}
         if config.router == "autellix"
         else {}
     )
-    engines = serve.deployment(
-        EngineReplica,
-        name="EngineReplica",
-        num_replicas=config.replicas,
-        max_ongoing_requests=config.max_ongoing_calls,
-        health_check_period_s=config.health_check_period_s,
-        ray_actor_options={"num_cpus": config.engine_cpus},
-        request_router_config=RequestRouterConfig(
-            request_router_class=ROUTERS[config.router], request_router_kwargs=router_kwargs
-        ),
-    ).bind(config.engine)
-    directory = serve.deployment(
-        ProgramDirectory, name="ProgramDirectory", num_replicas=1,
-        ray_actor_options={"num_cpus": 0},
-    ).bind(**config.directory)  # fmt: skip
-    return serve.deployment(
-        Ingress, name="Ingress", num_replicas=config.ingress_replicas,
-        ray_actor_options={"num_cpus": 0},
-    ).bind(engines, directory, config.ingress)  # fmt: skip
+    return {
+        "EngineReplica": {
+            "num_replicas": config.replicas,
+            "max_ongoing_requests": config.max_ongoing_calls,
+            "health_check_period_s": config.health_check_period_s,
+            "ray_actor_options": {"num_cpus": config.engine_cpus, "num_gpus": config.engine_gpus},
+            "request_router_config": RequestRouterConfig(
+                request_router_class=ROUTERS[config.router], request_router_kwargs=router_kwargs
+            ),
+        },
+        # Every ingress replica's calls pass the directory: it takes them all at once.
+        "ProgramDirectory": {
+            "num_replicas": 1,
+            "max_ongoing_requests": config.ingress_replicas * config.max_ongoing_ingress_calls,
+            "ray_actor_options": {"num_cpus": 0},
+        },
+        "Ingress": {
+            "num_replicas": config.ingress_replicas,
+            "max_ongoing_requests": config.max_ongoing_ingress_calls,
+            "ray_actor_options": {"num_cpus": 0},
+        },
+    }
+
+
+def build_app(config: RayServeConfig) -> Any:
+    """The bound Serve application (``serve.run`` takes it)."""
+    options = deployment_options(config)
+    deploy = lambda cls: serve.deployment(cls, name=cls.__name__, **options[cls.__name__])  # noqa: E731
+    engines = deploy(EngineReplica).bind(config.engine)
+    directory = deploy(ProgramDirectory).bind(**config.directory)
+    return deploy(Ingress).bind(engines, directory, config.ingress)
 
 
 def build(args: dict[str, Any]) -> Any:

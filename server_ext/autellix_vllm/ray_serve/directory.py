@@ -21,11 +21,13 @@ come and go.
 
 The directory is plain Python; ``app`` wraps it in a Serve deployment. Errors
 are returned as :class:`~.messages.Refusal` values, not raised: they cross a
-process boundary.
+process boundary. Serve runs a replica's plain methods on a thread pool, so
+several admissions may run at once: one lock keeps the table's updates whole.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,11 +66,13 @@ class ProgramDirectory:
             max_programs_per_owner=max_programs_per_owner,
             limits=limits,
         )
+        self._lock = threading.Lock()
 
     def issue(self, name: str | None, caller: Client) -> dict[str, Any] | Refusal:
         """Open a program for ``caller`` (``POST /autellix/v1/programs``)."""
         try:
-            record = self.table.issue(name, caller)
+            with self._lock:
+                record = self.table.issue(name, caller)
         except ApiError as error:
             return _refusal(error)
         return {"program_id": record.program_id, "name": record.name, "created": record.created_s}
@@ -77,9 +81,10 @@ class ProgramDirectory:
         self, identity: CallIdentity, caller: Client, reports: list[CallReport] | None = None
     ) -> Admission | Refusal:
         """Apply ``reports``, then let a call in (counting it as active) or refuse it."""
-        self.apply(reports or [])
         try:
-            record = self.table.call_arrived(identity, caller)
+            with self._lock:
+                self._apply(reports or [])
+                record = self.table.call_arrived(identity, caller)
         except ApiError as error:
             return _refusal(error)
         service = min(record.service, self.limits.max_prior_service)
@@ -88,6 +93,10 @@ class ProgramDirectory:
     def apply(self, reports: list[CallReport]) -> None:
         """Record how calls ended. A report of a program that left the table since
         (ended, or dropped idle) changes nothing."""
+        with self._lock:
+            self._apply(reports)
+
+    def _apply(self, reports: list[CallReport]) -> None:
         for report in reports:
             record = self.table.get(report.program_id)
             if record is None:
@@ -107,9 +116,10 @@ class ProgramDirectory:
     ) -> dict[str, Any] | Refusal:
         """End a program (after applying ``reports``); its id is refused from now on.
         Answers with the replicas its calls ran on."""
-        self.apply(reports or [])
         try:
-            record = self.table.end(program_id, caller)
+            with self._lock:
+                self._apply(reports or [])
+                record = self.table.end(program_id, caller)
         except ApiError as error:
             return _refusal(error)
         return {
@@ -123,10 +133,12 @@ class ProgramDirectory:
     ) -> dict[str, Any]:
         """One page of the programs ``caller`` may see, as ``GET /autellix/v1/programs``
         lists them (waiting times are the engines' and are not asked here: 0)."""
-        self.apply(reports or [])
-        page = self.table.page(caller, after, limit)
+        with self._lock:
+            self._apply(reports or [])
+            page = self.table.page(caller, after, limit)
+            rows = [self.table.row(r, 0.0) for r in page.records]
         return {
-            "programs": [self.table.row(r, 0.0) for r in page.records],
+            "programs": rows,
             "total": page.total,
             "has_more": page.next_after is not None,
             "next_after": None if page.next_after is None else str(page.next_after),
@@ -134,4 +146,5 @@ class ProgramDirectory:
 
     def evict_idle(self) -> int:
         """Drop idle programs (one batch); how many were dropped."""
-        return len(self.table.evict_idle())
+        with self._lock:
+            return len(self.table.evict_idle())

@@ -1,12 +1,14 @@
 """Measurements of the Ray Serve path (results in docs/operations.md).
 
-``python -m autellix_vllm.ray_serve.measure overhead``: the latency a call sees
-through the Ray application (one tiny-model engine replica) against today's
-router (``autellix serve``, one tiny engine), both running at once, calls
-alternating between them (sequential, ``max_tokens`` 1, one program each), so
-that the machine's load weighs on both alike. Their p50 difference is what the
-Ray path adds over the router; calls without a program through the Ray path
-(no directory round trip) show the directory's share.
+``python -m autellix_vllm.ray_serve.measure breakdown``: the latency a call
+sees through the Ray application (one tiny-model engine replica) against
+today's router (``autellix serve``, one tiny engine), and where the
+difference goes. Both run at once and calls alternate between them and the
+stages timed alone (sequential, ``max_tokens`` 1), so that the machine's load
+weighs on all alike: the whole Ray path, the router's path (router and
+engine), Serve's HTTP proxy to a replica that answers at once, the
+directory's round trip from a handle, and an engine replica's answer from a
+handle (request router, replica, its loopback hop to the engine, the engine).
 
 ``python -m autellix_vllm.ray_serve.measure throughput``: the calls per second
 the Ray path sustains against today's router, each in front of one tiny
@@ -35,6 +37,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -45,6 +48,7 @@ from autellix_vllm.ray_serve._ray_adapter import ray, serve
 from autellix_vllm.ray_serve.app import RayServeConfig, build_app
 from autellix_vllm.ray_serve.ingress import IngressSettings
 from autellix_vllm.ray_serve.launch import APP_NAME
+from autellix_vllm.ray_serve.messages import EngineCall
 
 TINY = {"model": "tiny", "max_num_seqs": 4, "max_model_len": 512, "kv_cache_gib": 1}
 # The tiny model's tokenizer is character-level: one token per character.
@@ -77,18 +81,24 @@ def router_process(engines: int = 1) -> Iterator[str]:
     command = [sys.executable, "-m", "autellix_vllm", "serve", "--model", "tiny",
                "--engines", str(engines), "--max-num-seqs", "4", "--max-model-len", "512",
                "--chars-per-token", "1", "--port", str(port)]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, process)
-        yield url
-    finally:
-        process.terminate()
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
         try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            try:
+                _wait_healthy(url, process)
+            except RuntimeError as error:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"{error}; its output ends:\n{tail}") from None
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
@@ -116,43 +126,65 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def overhead(calls: int) -> dict[str, Any]:
+def breakdown(calls: int) -> dict[str, Any]:
     """See the module's docstring."""
     config = RayServeConfig(
         engine={**TINY, "engines_on_host": 2},
         replicas=1,
         ingress=IngressSettings(chars_per_token=CHARS_PER_TOKEN),
     )
+
+    @serve.deployment(name="Answer", ray_actor_options={"num_cpus": 0})
+    class Answer:
+        async def __call__(self, request: object) -> str:
+            return "ok"
+
     with router_process() as router_url, local_cluster() as port:
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")
-        clients = {
-            "ray": httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60),
-            "router": httpx.Client(base_url=router_url, timeout=60),
-            # Calls without a program skip the directory: its share of the difference.
-            "ray_without_program": httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60),
+        serve.run(Answer.bind(), name="answer", route_prefix="/answer")
+        ray_client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        router_client = httpx.Client(base_url=router_url, timeout=60)
+        directory = serve.get_deployment_handle("ProgramDirectory", APP_NAME)
+        engines = serve.get_deployment_handle("EngineReplica", APP_NAME)
+        body = {"model": _model(ray_client), "max_tokens": 1,
+                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        engine_call = EngineCall(
+            path="/v1/chat/completions", raw=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"}, stream=False,
+            program_key="breakdown", prompt_tokens=2,
+        )  # fmt: skip
+        stages = {
+            "ray_path": lambda: ray_client.post("/v1/chat/completions", json=body),
+            "router_path": lambda: router_client.post("/v1/chat/completions", json=body),
+            "serve_proxy": lambda: ray_client.get("/answer"),
+            "directory_round_trip": lambda: directory.apply.remote([]).result(),
+            "engine_replica": lambda: engines.options(session_id="breakdown")
+            .answer.remote(engine_call).result(),
         }
-        latencies: dict[str, list[float]] = {name: [] for name in clients}
-        bodies: dict[str, dict[str, Any]] = {}
-        for name, client in clients.items():
-            if name != "ray_without_program":
-                pid = client.post("/autellix/v1/programs").json()["program_id"]
-                client.headers["X-Autellix-Program-Id"] = pid
-            bodies[name] = {"model": _model(client), "max_tokens": 1,
-                            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
-            for _ in range(5):  # warm-up: connections, caches
-                client.post("/v1/chat/completions", json=bodies[name]).raise_for_status()
+        latencies: dict[str, list[float]] = {name: [] for name in stages}
+        for _ in range(5):  # warm-up: connections, caches
+            for stage in stages.values():
+                _answered(stage())
         for _ in range(calls):
-            for name, client in clients.items():
+            for name, stage in stages.items():
                 started = time.perf_counter()
-                answer = client.post("/v1/chat/completions", json=bodies[name])
+                answer = stage()
                 latencies[name].append(time.perf_counter() - started)
-                answer.raise_for_status()
-        for client in clients.values():
-            client.close()
-    result = {name: _percentiles(values) for name, values in latencies.items()}
-    result["ray_minus_router_p50_ms"] = result["ray"]["p50_ms"] - result["router"]["p50_ms"]
+                _answered(answer)
+        ray_client.close()
+        router_client.close()
+    result: dict[str, Any] = {name: _percentiles(values) for name, values in latencies.items()}
+    added = result["ray_path"]["p50_ms"] - result["router_path"]["p50_ms"]
+    result["ray_minus_router_p50_ms"] = added
     result["calls_each"] = calls
     return result
+
+
+def _answered(answer: object) -> None:
+    """Raise unless a breakdown stage's answer is a success (a timed error is no figure)."""
+    status = getattr(answer, "status_code", getattr(answer, "status", 200))
+    if status != 200:
+        raise RuntimeError(f"a measured call answered {status}")
 
 
 def _calls_per_second(base_url: str, clients: int, seconds: float) -> float:
@@ -273,7 +305,7 @@ def routers(programs: int, calls: int, names: list[str]) -> dict[str, Any]:
 def parser() -> argparse.ArgumentParser:
     made = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = made.add_subparsers(dest="what", required=True)
-    sub.add_parser("overhead").add_argument("--calls", type=int, default=200)
+    sub.add_parser("breakdown").add_argument("--calls", type=int, default=200)
     loaded = sub.add_parser("throughput")
     loaded.add_argument("--clients", type=int, default=16)
     loaded.add_argument("--seconds", type=float, default=20)
@@ -288,8 +320,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = parser().parse_args()
-    if args.what == "overhead":
-        result = overhead(args.calls)
+    if args.what == "breakdown":
+        result = breakdown(args.calls)
     elif args.what == "throughput":
         result = throughput(args.clients, args.seconds, args.rounds, args.ingress_replicas)
     else:
