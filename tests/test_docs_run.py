@@ -48,6 +48,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --kv-blocks 96 --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --seed 1 --programs 24 --max-num-seqs 8"
     " --max-model-len 1536 --kv-blocks 64 --json": (PARSE, _ENGINE),
+    "autellix bench engine --workload agent --seed 2 --programs 18 --max-num-seqs 8"
+    " --max-model-len 2048 --kv-blocks 80 --identity derived --json": (PARSE, _ENGINE),
     "autellix simulate bench-policy --policy plas-atlas --json": (RUN, "median_ms_per_step"),
     "autellix bench router-overhead --seconds 5 --json": (PARSE, "times the router: a minute"),
     # README.md

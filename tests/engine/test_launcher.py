@@ -1,5 +1,6 @@
 """How the launcher builds the server's command line and environment (no engine)."""
 
+import json
 import sys
 
 import pytest
@@ -88,6 +89,9 @@ def test_a_gpu_engine_passes_what_was_set_and_the_host_kv_tier():
     assert flag(cmd, "--kv-cache-memory-bytes") == str(60 * 2**30)
     assert flag(cmd, "--kv-offloading-size") == "200"
     assert flag(cmd, "--kv-offloading-backend") == "native"
+    assert json.loads(flag(cmd, "--kv-transfer-config")) == {
+        "kv_connector_extra_config": {"offload_prompt_only": False}
+    }
     assert "VLLM_CPU_KVCACHE_SPACE" not in launcher.server_environment(config)
 
 

@@ -229,4 +229,22 @@ def test_vllms_own_server_parser_takes_the_gpu_engines_command():
         EngineConfig(model="/models/llama", device="gpu", kv_cache_gib=60, kv_offload_gib=200)
     )
     assert tiered.kv_offloading_size == 200 and tiered.kv_offloading_backend == "native"
+    # vLLM merges its offloading connector into this config: decoded blocks too.
+    assert tiered.kv_transfer_config.kv_connector_extra_config == {"offload_prompt_only": False}
     assert tiered.kv_cache_memory_bytes == 60 * 2**30
+
+
+def test_the_host_kv_tier_is_the_connector_vllm_configures_for_offloading(harness):
+    import inspect
+
+    from vllm.config import KVTransferConfig, VllmConfig
+
+    # --kv-offloading-size makes vLLM set one of these connectors (native backend).
+    source = inspect.getsource(VllmConfig._post_init_kv_transfer_config)
+    assert all(f'"{name}"' in source for name in adapter.HOST_TIER_CONNECTORS)
+    scheduler = harness.scheduler(cls=Scheduler)
+    assert not adapter.has_host_kv_tier(scheduler)
+    scheduler.vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector="OffloadingConnector", kv_role="kv_both"
+    )
+    assert adapter.has_host_kv_tier(scheduler)

@@ -125,6 +125,17 @@ def tokens_to_compute(request: Request) -> int:
     )
 
 
+# The connectors vLLM configures for --kv-offloading-size with the native backend.
+HOST_TIER_CONNECTORS = ("OffloadingConnector", "SimpleCPUOffloadConnector")
+
+
+def has_host_kv_tier(scheduler: Scheduler) -> bool:
+    """Whether vLLM offloads this engine's KV blocks to host memory, so that a context
+    evicted from the device comes back by a transfer instead of a prefill."""
+    transfer = scheduler.vllm_config.kv_transfer_config
+    return transfer is not None and transfer.kv_connector in HOST_TIER_CONNECTORS
+
+
 def free_kv_blocks(scheduler: Scheduler) -> int:
     return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 

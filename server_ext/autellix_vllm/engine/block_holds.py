@@ -25,7 +25,11 @@ vLLM (through the adapter), for a KV-aware policy (``autellix``, the default):
   preempts is the core's victim.
 
 A program is one context here (vLLM's prefix cache finds every shared prefix by
-content, so a program's threads need no context of their own).
+content, so a program's threads need no context of their own). With vLLM's host
+KV tier (``--kv-offloading-size``), which writes every block through to host
+memory, a context is taken as reloadable: its hold is the shorter one the
+core gives a context whose loss costs a reload, and a preempted call's undo
+cost is a reload's.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class EngineResidency:
         self._blocks: dict[str, list[object]] = {}  # held program -> its referenced blocks
         self._running: set[str] = set()  # programs with a running call, as of this step
         self._largest = 0  # blocks of the largest resident context, as of this step
+        self.reloadable = adapter.has_host_kv_tier(scheduler)
 
     # ---- holds --------------------------------------------------------------------
 
@@ -80,7 +85,10 @@ class EngineResidency:
             self.rules.release(program_id)
             self._unreference(program_id)
         hint_s = call.identity.retention_ttl_s  # the client's, if any
-        for ended in self.rules.hold(program_id, program, len(blocks), time.time(), hint_s):
+        displaced = self.rules.hold(
+            program_id, program, len(blocks), time.time(), hint_s, self.reloadable
+        )
+        for ended in displaced:
             self._unreference(ended)
         if program_id in self.rules:
             adapter.reference_blocks(self.scheduler, blocks)
@@ -128,7 +136,8 @@ class EngineResidency:
         rank = self.core.rank
 
         def cost(call: Call) -> float:
-            return undo_cost(adapter.computed_tokens(call.payload))
+            computed = adapter.computed_tokens(call.payload)
+            return undo_cost(computed, computed if self.reloadable else 0)
 
         def key(request: Request) -> tuple[int, float, Rank]:
             return Residency.victim_key(calls[request.request_id], rank, cost)

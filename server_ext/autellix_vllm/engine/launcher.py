@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -83,6 +84,10 @@ AUTO_TOOL_PARSER = "auto"
 CPU_MAX_MODEL_LEN = 1024
 CPU_MAX_NUM_SEQS = 16
 CPU_KV_CACHE_GIB = 1
+# vLLM's offloading keeps only prompt blocks by default; an agent's next prompt
+# holds its last answer, so the host tier keeps decoded blocks too (merged into
+# the connector vLLM configures for --kv-offloading-size).
+HOST_TIER_TRANSFER_CONFIG = {"kv_connector_extra_config": {"offload_prompt_only": False}}
 KV_OFFLOAD_NEEDS_GPU = (
     "--kv-offload-gib is a host-memory tier behind a GPU's KV cache (vLLM's"
     " --kv-offloading-size); a CPU engine's KV cache is host memory already: use --kv-cache-gib"
@@ -266,7 +271,8 @@ def device_args(config: EngineConfig, device: str) -> list[str]:
         args += ["--kv-cache-memory-bytes", str(config.kv_cache_gib * 2**30)]
     if config.kv_offload_gib is not None:
         args += ["--kv-offloading-size", f"{config.kv_offload_gib:g}",
-                 "--kv-offloading-backend", "native"]  # fmt: skip
+                 "--kv-offloading-backend", "native",
+                 "--kv-transfer-config", json.dumps(HOST_TIER_TRANSFER_CONFIG)]  # fmt: skip
     return args
 
 
