@@ -186,6 +186,13 @@ def test_summary_is_latency_per_decoded_token():
     assert summary["latency_per_token_s_by_program"]["p19"] == 2.0
 
 
+def test_summary_lists_each_calls_sent_and_answered_times():
+    timed = ProgramResult("p", 2, decode_tokens=4, latency_s=3.0,
+                          call_times={"a": (0.5, 1.25), "b": (2.0, 3.5004)})  # fmt: skip
+    summary = summarize([timed], wall_s=4.0)
+    assert summary["call_times_s_by_program"] == {"p": {"a": [0.5, 1.25], "b": [2.0, 3.5]}}
+
+
 @pytest.mark.engine
 async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine):
     program = ProgramSpec(
@@ -207,6 +214,11 @@ async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine)
     )  # fmt: skip
     assert result.calls == 4 and result.decode_tokens == 14
     assert result.latency_s > 0.05
+    # Each call was sent after the calls it follows were answered.
+    times = result.call_times
+    assert set(times) == {"root", "left", "right", "join"}
+    assert times["root"][1] <= min(times["left"][0], times["right"][0])
+    assert max(times["left"][1], times["right"][1]) + 0.05 <= times["join"][0] + 0.01
     # vLLM's own counters saw the four prompts, and found the children's and the
     # join's first block (the CPU build's 128 tokens, of the root's 150) cached.
     counted = counted_between(before, read_counters([engine.base_url]))

@@ -50,7 +50,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -143,6 +143,9 @@ class ProgramResult:
     decode_tokens: int
     latency_s: float
     prompt_tokens: int = 0  # as the engine counted them, over the program's calls
+    # Each call's (sent, answered) times in seconds from the run's start: where a
+    # program's latency went.
+    call_times: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def latency_per_token(self) -> float:
@@ -463,11 +466,14 @@ async def _run_program(
         c.id: asyncio.get_running_loop().create_future() for c in program.calls
     }
     prompt_tokens: dict[str, int] = {}
+    call_times: dict[str, tuple[float, float]] = {}
 
     async def run_call(call: CallSpec) -> None:
         await asyncio.gather(*(done[dep] for dep in call.after))
         await asyncio.sleep(call.tool_gap)
+        sent = time.monotonic() - start
         prompt_tokens[call.id] = await _complete(http, base_url, call, requests[call.id])
+        call_times[call.id] = (sent, time.monotonic() - start)
         done[call.id].set_result(None)
 
     await asyncio.gather(*(run_call(c) for c in program.calls))
@@ -477,6 +483,7 @@ async def _run_program(
         decode_tokens=program.decode_tokens,
         latency_s=time.monotonic() - arrived,
         prompt_tokens=sum(prompt_tokens.values()),
+        call_times=call_times,
     )
     if end_path is not None:
         url = base_url + end_path.format(program_id=quote(program.program_id, safe=""))
@@ -530,6 +537,10 @@ def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
         "p99_latency_per_token_s": percentile(per_token, 99),
         "latency_per_token_s_by_program": {
             r.program_id: round(r.latency_per_token, 4) for r in results
+        },
+        "call_times_s_by_program": {
+            r.program_id: {call: [round(t, 3) for t in when] for call, when in r.call_times.items()}
+            for r in results
         },
     }
 
