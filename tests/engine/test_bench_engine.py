@@ -218,7 +218,7 @@ async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine)
     times = result.call_times
     assert set(times) == {"root", "left", "right", "join"}
     assert times["root"][1] <= min(times["left"][0], times["right"][0])
-    assert max(times["left"][1], times["right"][1]) + 0.05 <= times["join"][0] + 0.01
+    assert max(times["left"][1], times["right"][1]) <= times["join"][0]
     # vLLM's own counters saw the four prompts, and found the children's and the
     # join's first block (the CPU build's 128 tokens, of the root's 150) cached.
     counted = counted_between(before, read_counters([engine.base_url]))

@@ -1,14 +1,15 @@
-"""Measurements of the Ray Serve path (results in docs/operations.md).
+"""Measurements of the Ray Serve path (results in docs/benchmarks.md).
 
 ``python -m autellix_vllm.ray_serve.measure breakdown``: the latency a call
 sees through the Ray application (one tiny-model engine replica) against
 today's router (``autellix serve``, one tiny engine), and where the
 difference goes. Both run at once and calls alternate between them and the
 stages timed alone (sequential, ``max_tokens`` 1), so that the machine's load
-weighs on all alike: the whole Ray path, the router's path (router and
-engine), Serve's HTTP proxy to a replica that answers at once, the
-directory's round trip from a handle, and an engine replica's answer from a
-handle (request router, replica, its loopback hop to the engine, the engine).
+weighs on all alike: the whole Ray path for a call of a program (and for one
+without, which skips the directory), the router's path (router and engine),
+Serve's HTTP proxy to a replica that answers at once, the directory's round
+trip from a handle, and an engine replica's answer from a handle (request
+router, replica, its loopback hop to the engine, the engine).
 
 ``python -m autellix_vllm.ray_serve.measure throughput``: the calls per second
 the Ray path sustains against today's router, each in front of one tiny
@@ -44,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from autellix_vllm.protocol.paths import PROGRAMS_PATH
 from autellix_vllm.ray_serve._ray_adapter import ray, serve
 from autellix_vllm.ray_serve.app import RayServeConfig, build_app
 from autellix_vllm.ray_serve.ingress import IngressSettings
@@ -153,9 +155,20 @@ def breakdown(calls: int) -> dict[str, Any]:
             headers={"Content-Type": "application/json"}, stream=False,
             program_key="breakdown", prompt_tokens=2,
         )  # fmt: skip
+        # An agent's call names its program: the ingress asks the directory, the
+        # router its table. A call without one skips both.
+        program = {
+            name: {"X-Autellix-Program-Id": client.post(PROGRAMS_PATH).json()["program_id"]}
+            for name, client in (("ray", ray_client), ("router", router_client))
+        }
         stages = {
-            "ray_path": lambda: ray_client.post("/v1/chat/completions", json=body),
-            "router_path": lambda: router_client.post("/v1/chat/completions", json=body),
+            "ray_path": lambda: ray_client.post(
+                "/v1/chat/completions", json=body, headers=program["ray"]
+            ),
+            "ray_path_without_program": lambda: ray_client.post("/v1/chat/completions", json=body),
+            "router_path": lambda: router_client.post(
+                "/v1/chat/completions", json=body, headers=program["router"]
+            ),
             "serve_proxy": lambda: ray_client.get("/answer"),
             "directory_round_trip": lambda: directory.apply.remote([]).result(),
             "engine_replica": lambda: engines.options(session_id="breakdown")
