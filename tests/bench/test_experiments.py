@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from autellix_vllm.sim.presets import PRESETS
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "bench" / "experiments"
 
@@ -126,3 +128,16 @@ def test_the_directory_admits_every_call_and_times_them(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["calls"] == 200 and result["calls_per_s"] > 0
     assert result["calls_per_s"] == pytest.approx(200 / result["seconds"])
+
+
+def test_the_tier_bound_sweeps_the_same_engine_with_an_instant_host_link(capsys):
+    bound = experiment("tier_bound")
+    instant, pcie = (PRESETS[name] for name in (bound.INSTANT, bound.PRESET))
+    assert instant.host_seconds_per_token < 1e-12 < pcie.host_seconds_per_token
+    assert replace(instant, name=pcie.name, host_bytes_per_s=pcie.host_bytes_per_s) == pcie
+    args = ["--seeds", "0", "--programs", "8", "--policies", "vllm-opt", "--workers", "1"]
+    assert bound.main(args) == 0
+    row = json.loads(capsys.readouterr().out)
+    rate = row["pcie"]["vllm-opt"]
+    assert rate > 0
+    assert row["instant_over_pcie"]["vllm-opt"] == row["instant_link"]["vllm-opt"] / rate
