@@ -252,24 +252,22 @@ def test_a_hold_ranks_with_the_service_of_the_call_that_just_finished(harness):
     assert hold.level == scheduler.core.program_level(hold.program) == 2
 
 
-def test_with_a_host_kv_tier_an_idle_context_is_held_as_one_a_reload_brings_back(
-    harness, monkeypatch
-):
-    """vLLM's host tier keeps every block of a context, so losing it costs a reload,
-    not a prefill: its hold lasts reload_ttl_gaps expected gaps (4 of the 2 s prior:
-    8 s), not ttl_gaps (48 s), as in the simulator."""
+def test_with_a_host_kv_tier_an_idle_context_is_held_as_long_as_without(harness, monkeypatch):
+    """vLLM's host tier may drop a context before its program is back, so the hold
+    lasts ttl_gaps expected gaps (48 s for the 2 s prior) with the tier too, as in
+    the simulator; only a preempted call's undo cost is a reload's."""
     from autellix_vllm.engine import block_holds
 
     clock = Clock(1000.0)
     monkeypatch.setattr(block_holds, "time", clock)
     scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **KV_AWARE)
     config = scheduler.residency.rules.config
-    assert config.reload_ttl_gaps * config.prior_gap_s < 10 < config.ttl_gaps * config.prior_gap_s
+    assert config.ttl_gaps * config.prior_gap_s == 48.0
     assert not scheduler.residency.reloadable  # the harness's engine has no host tier
     scheduler.residency.reloadable = True
     scheduler.add_request(request("A1", "A", [21] * 96, max_tokens=1))
     step_until_finished(harness, scheduler, "A1")
-    assert scheduler.autellix_snapshot()["residency"]["held_programs"] == 1
-    clock.now += 10
-    harness.step(scheduler)
-    assert scheduler.autellix_snapshot()["residency"]["holds_expired"] == 1
+    for seconds, expired in ((47, 0), (2, 1)):
+        clock.now += seconds
+        harness.step(scheduler)
+        assert scheduler.autellix_snapshot()["residency"]["holds_expired"] == expired

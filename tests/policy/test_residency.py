@@ -8,8 +8,7 @@ from autellix_vllm.policy.table import Call
 from autellix_vllm.protocol.identity import CallIdentity
 
 CONFIG = ResidencyConfig(hold_share=0.5, headroom=0.1, prior_gap_s=2.0, prior_weight=2.0,
-                         ttl_gaps=4.0, reload_ttl_gaps=2.0,
-                         min_ttl_s=1.0, max_ttl_s=60.0)  # fmt: skip
+                         ttl_gaps=4.0, min_ttl_s=1.0, max_ttl_s=60.0)  # fmt: skip
 
 
 def program(name: str, level: int = 0, gaps: tuple[float, ...] = ()) -> Program:
@@ -36,23 +35,10 @@ def test_a_hold_lasts_a_few_expected_gaps_pulled_towards_the_prior():
     assert CONFIG.ttl_s(seen, hint_s=0.0) == 1.0
 
 
-def test_a_context_a_host_tier_keeps_is_held_for_fewer_gaps():
-    """Losing such a context costs a reload, not a prefill: ``reload_ttl_gaps``."""
-    seen = program("seen", gaps=(0.5, 0.5))  # 1.25 s expected
-    assert CONFIG.ttl_s(seen, reloadable=True) == 2.5
-    assert CONFIG.ttl_s(seen, hint_s=30.0, reloadable=True) == 30.0  # a hint still rules
-    r = residency()
-    r.hold("kept", seen, 10, now=0.0, reloadable=True)
-    r.hold("lost", seen, 10, now=0.0)
-    assert r.expired(3.0) == ["kept"] and r.expired(5.0) == ["lost"]
-
-
 def test_by_default_a_hold_outlasts_most_tool_gaps():
     """The default estimate holds 24 expected gaps (48 s for a program without
-    history), a host tier's context 4 (8 s)."""
-    default = ResidencyConfig()
-    assert default.ttl_s(program("new")) == 48.0
-    assert default.ttl_s(program("new"), reloadable=True) == 8.0
+    history)."""
+    assert ResidencyConfig().ttl_s(program("new")) == 48.0
 
 
 def test_holds_expire_unless_their_program_is_back():
@@ -152,7 +138,7 @@ def test_only_the_kv_aware_policy_asks_for_residency():
 @pytest.mark.parametrize(
     "bad",
     [dict(hold_share=1.5), dict(headroom=1.0), dict(prior_gap_s=0.0), dict(ttl_gaps=-1.0),
-     dict(reload_ttl_gaps=0.0), dict(min_ttl_s=5.0, max_ttl_s=1.0)],
+     dict(prior_weight=0.0), dict(min_ttl_s=5.0, max_ttl_s=1.0)],
 )  # fmt: skip
 def test_residency_config_rejects_nonsense(bad):
     with pytest.raises(ValueError):

@@ -158,15 +158,14 @@ def test_a_host_tier_needs_a_kv_size_per_token():
 
 
 @pytest.mark.parametrize("host_gib", [None, 1.0], ids=["no-tier", "host-tier"])
-def test_a_context_the_host_tier_keeps_is_held_for_fewer_gaps(host_gib):
-    """A 20 s tool, while R keeps the engine stepping: without a tier A's context is
-    held for 24 expected gaps of the 2 s prior (48 s) and its next call takes the
-    hold; with a tier, which keeps the context, for 4 (8 s), and the hold expires
-    first (losing it costs a reload)."""
+def test_a_context_the_host_tier_keeps_is_held_as_long_as_any(host_gib):
+    """A 20 s tool, while R keeps the engine stepping: A's context is held for 24
+    expected gaps of the 2 s prior (48 s) and its next call takes the hold, with
+    a tier as without (the tier may drop the context before A is back)."""
     a = ProgramSpec("A", 0.0, (
         CallSpec("a1", 1, 1000), CallSpec("a2", 1, 1500, after=("a1",), tool_gap=20.0),
     ))  # fmt: skip
     r = ProgramSpec("R", 0.0, (CallSpec("r1", 3000, 16),))  # decodes for ~27 s
     run = dict(preset="a100-llama8b-kv", kv_offload_gib=host_gib)
     metrics = simulate([a, r], "autellix", **run).metrics
-    assert (metrics["holds_taken"], metrics["holds_expired"]) == ((0, 1) if host_gib else (1, 0))
+    assert (metrics["holds_taken"], metrics["holds_expired"]) == (1, 0)

@@ -27,9 +27,8 @@ vLLM (through the adapter), for a KV-aware policy (``autellix``, the default):
 A program is one context here (vLLM's prefix cache finds every shared prefix by
 content, so a program's threads need no context of their own). With vLLM's host
 KV tier (``--kv-offloading-size``), which writes every block through to host
-memory, a context is taken as reloadable: its hold is the shorter one the
-core gives a context whose loss costs a reload, and a preempted call's undo
-cost is a reload's.
+memory, a context is taken as reloadable: a preempted call's undo cost is a
+reload's. Its hold is as long as without the tier (``ResidencyConfig.ttl_gaps``).
 """
 
 from __future__ import annotations
@@ -85,9 +84,7 @@ class EngineResidency:
             self.rules.release(program_id)
             self._unreference(program_id)
         hint_s = call.identity.retention_ttl_s  # the client's, if any
-        displaced = self.rules.hold(
-            program_id, program, len(blocks), time.time(), hint_s, self.reloadable
-        )
+        displaced = self.rules.hold(program_id, program, len(blocks), time.time(), hint_s)
         for ended in displaced:
             self._unreference(ended)
         if program_id in self.rules:

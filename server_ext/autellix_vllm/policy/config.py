@@ -175,10 +175,10 @@ class ResidencyConfig:
     prior_weight: float = 2.0
     # A hold lasts this many expected gaps, within [min_ttl_s, max_ttl_s]. Tool gaps
     # are heavy-tailed and a lost context costs its whole prefill plus a wait to
-    # re-enter the working set, so a hold outlasts most long gaps; a context a host
-    # tier keeps costs only a reload, so its hold is shorter.
+    # re-enter the working set, so a hold outlasts most long gaps. A context a host
+    # tier keeps is held as long: the tier may have dropped it by the time the
+    # program is back, and the wait to re-enter the working set is the same.
     ttl_gaps: float = 24.0
-    reload_ttl_gaps: float = 4.0
     min_ttl_s: float = 1.0
     max_ttl_s: float = 60.0
     # While another owner's calls wait, an owner's holds together stay within its
@@ -191,8 +191,8 @@ class ResidencyConfig:
             raise ValueError("hold_share must be in [0, 1] and headroom in [0, 1)")
         if self.growth_reserve < 0:
             raise ValueError("growth_reserve must be >= 0")
-        if min(self.prior_gap_s, self.prior_weight, self.ttl_gaps, self.reload_ttl_gaps) <= 0:
-            message = "prior_gap_s, prior_weight, ttl_gaps and reload_ttl_gaps must be positive"
+        if min(self.prior_gap_s, self.prior_weight, self.ttl_gaps) <= 0:
+            message = "prior_gap_s, prior_weight and ttl_gaps must be positive"
             raise ValueError(message)
         if not 0 <= self.min_ttl_s <= self.max_ttl_s:
             raise ValueError("need 0 <= min_ttl_s <= max_ttl_s")
@@ -202,16 +202,12 @@ class ResidencyConfig:
         total = self.prior_gap_s * self.prior_weight + program.gap_total_s
         return total / (self.prior_weight + program.gaps)
 
-    def ttl_s(
-        self, program: ToolGaps, hint_s: float | None = None, reloadable: bool = False
-    ) -> float:
+    def ttl_s(self, program: ToolGaps, hint_s: float | None = None) -> float:
         """How long to hold the program's idle context: a client's hint if it gave
-        one, else some expected gaps (``reload_ttl_gaps`` if a host tier keeps the
-        context, ``ttl_gaps`` if losing it means a prefill); within the bounds."""
+        one, else ``ttl_gaps`` expected gaps; within the bounds."""
         if hint_s is not None:
             return self.bounded_ttl_s(hint_s)
-        gaps = self.reload_ttl_gaps if reloadable else self.ttl_gaps
-        return self.bounded_ttl_s(gaps * self.expected_gap_s(program))
+        return self.bounded_ttl_s(self.ttl_gaps * self.expected_gap_s(program))
 
     def bounded_ttl_s(self, ttl_s: float) -> float:
         """``ttl_s`` within ``[min_ttl_s, max_ttl_s]``."""

@@ -10,9 +10,8 @@ working set keeps processes within memory:
 
 * **Retention.** When a context goes idle (its call ended), the engine holds its
   blocks for a while if its program is expected back: for some of the
-  program's own expected tool gaps (their mean, pulled towards a prior; fewer
-  if a host tier keeps the context, whose loss costs a reload, not a prefill),
-  or for the time a client hint gives. Holds share a budget (a part of KV) and are
+  program's own expected tool gaps (their mean, pulled towards a prior), or
+  for the time a client hint gives. Holds share a budget (a part of KV) and are
   granted by program level, so a program's idle context never displaces a
   better-ranked program's hold; a hold ends when the program's next call is
   admitted, when it expires, or when a better-ranked call needs its blocks.
@@ -161,13 +160,12 @@ class Residency:
         blocks: int,
         now: float,
         hint_s: float | None = None,
-        reloadable: bool = False,
     ) -> list[str]:
         """``context`` went idle with ``blocks`` cached: hold it if the budget allows,
         displacing holds of worse-ranked programs (worst first, oldest first), for
-        the client's hint or the estimate (``ResidencyConfig.ttl_s``; ``reloadable``:
-        a host tier keeps the context); a hint no longer than the estimate if the
-        hold takes its owner past its fair share while other owners' calls wait.
+        the client's hint or the estimate (``ResidencyConfig.ttl_s``); a hint no
+        longer than the estimate if the hold takes its owner past its fair share
+        while other owners' calls wait.
 
         Returns the contexts whose holds ended to make room; the engine releases
         them. Whether ``context`` itself is held: ``context in residency``.
@@ -191,8 +189,8 @@ class Residency:
                 room += victim.blocks
                 self.break_hold(victim.context)
                 ended.append(victim.context)
-        own_until = now + self.config.ttl_s(program, None, reloadable)
-        until = now + self.config.ttl_s(program, hint_s, reloadable)
+        own_until = now + self.config.ttl_s(program)
+        until = now + self.config.ttl_s(program, hint_s)
         if until > own_until and self._past_share(owner, blocks):
             until = own_until
             self.cut += 1

@@ -764,10 +764,7 @@ class SimEngine:
         assert job.call is not None
         blocks = self.kv.context_blocks(context)
         hint_s = job.retention_hint_s
-        # Losing a context the host tier keeps (every full block of it) costs a reload.
-        full = self.kv.cache[context] // self.kv.block_size * self.kv.block_size
-        reloadable = self.host is not None and 0 < full <= self.host.cache.get(context, 0)
-        for ended in residency.hold(context, job.call.program, blocks, now, hint_s, reloadable):
+        for ended in residency.hold(context, job.call.program, blocks, now, hint_s):
             self.kv.unpin(ended)
         if context in residency:
             self.kv.pin(context)
