@@ -113,6 +113,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
         PARSE, "starts a Ray cluster and engines"),
     "python -m autellix_vllm.ray_serve.measure throughput": (
         PARSE, "starts a Ray cluster and engines"),
+    "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 64"
+    " --seed 10 --policies vllm-opt,autellix": (PARSE, _SWEEP),
+    "python bench/experiments/tier_bound.py --seeds 0,1,2,3,4 --gib 256": (
+        PARSE, "sweeps of half an hour"),
     "python bench/experiments/table_staleness.py --engines 16 --seeds 10-14 --duration 10": (
         PARSE, "simulations of minutes"),
     "python bench/experiments/table_staleness.py --engines 64 --seeds 10,11 --duration 10": (

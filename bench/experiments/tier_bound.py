@@ -28,17 +28,21 @@ INSTANT = f"{PRESET}-instant-link"
 PRESETS.setdefault(INSTANT, replace(PRESETS[PRESET], name=INSTANT, host_bytes_per_s=1e18))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default: %(default)s)")
-    parser.add_argument("--gib", type=float, default=256.0, help="the host tier (default: 256)")
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    out = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    out.add_argument("--seeds", default="0,1,2", help="comma-separated (default: %(default)s)")
+    out.add_argument("--gib", type=float, default=256.0, help="the host tier (default: 256)")
+    out.add_argument(
         "--policies", default="vllm-opt,autellix", help="comma-separated (default: %(default)s)"
     )
-    parser.add_argument("--programs", type=int, default=None,
-                        help="a fixed count per run instead of the workload's window")  # fmt: skip
-    parser.add_argument("--workers", type=int, default=2, help="(default: %(default)s)")
-    args = parser.parse_args(argv)
+    out.add_argument("--programs", type=int, default=None,
+                     help="a fixed count per run instead of the workload's window")  # fmt: skip
+    out.add_argument("--workers", type=int, default=2, help="(default: %(default)s)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     policies = args.policies.split(",")
     for seed in (int(s) for s in args.seeds.split(",")):
         rates = {}
