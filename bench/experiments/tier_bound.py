@@ -18,14 +18,12 @@ import argparse
 import json
 from dataclasses import replace
 
-from autellix_vllm.sim.presets import PRESETS
+from autellix_vllm.sim.presets import get_preset
 from autellix_vllm.sim.sweep import sweep
 
-PRESET = "a100-llama8b-kv"
-# The same engine with a host link no transfer waits on. Registered at import, so
-# the sweep's worker processes (forked from this one) find it by name too.
-INSTANT = f"{PRESET}-instant-link"
-PRESETS.setdefault(INSTANT, replace(PRESETS[PRESET], name=INSTANT, host_bytes_per_s=1e18))
+PCIE = get_preset("a100-llama8b-kv")
+# The same engine with a host link no transfer waits on.
+INSTANT = replace(PCIE, name=f"{PCIE.name}-instant-link", host_bytes_per_s=1e18)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -45,14 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     policies = args.policies.split(",")
     for seed in (int(s) for s in args.seeds.split(",")):
-        rates = {}
-        for preset in (PRESET, INSTANT):
-            result, _ = sweep(
+        pcie, instant = (
+            sweep(
                 "agent", policies, preset=preset, seed=seed, kv_offload_gib=args.gib,
                 programs=args.programs, workers=args.workers,
-            )  # fmt: skip
-            rates[preset] = result["max_rate"]
-        pcie, instant = rates[PRESET], rates[INSTANT]
+            )[0]["max_rate"]
+            for preset in (PCIE, INSTANT)
+        )  # fmt: skip
         gain = {p: instant[p] / pcie[p] if pcie[p] else None for p in policies}
         print(json.dumps({"seed": seed, "gib": args.gib, "pcie": pcie, "instant_link": instant,
                           "instant_over_pcie": gain}), flush=True)  # fmt: skip

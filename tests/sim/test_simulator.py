@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from autellix_vllm.policy import POLICY_NAMES, Levels, PolicyConfig, ServiceMeter
@@ -233,6 +234,22 @@ def test_sweep_finds_a_max_rate_and_plots(tmp_path):
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
+
+def test_a_sweep_takes_a_preset_that_is_not_registered():
+    """A variant made with ``replace`` is swept as it is, in the pool's workers too:
+    a slower engine has a lower highest rate, and the result names it."""
+    from autellix_vllm.sim.presets import PRESETS, get_preset
+    from autellix_vllm.sim.sweep import sweep
+
+    base = get_preset("a100-llama8b")
+    slow = replace(base, name="a100-llama8b-slow", step_base=4 * base.step_base)
+    assert get_preset(slow) is slow and slow.name not in PRESETS
+    rates = {}
+    for preset in (base, slow):
+        result, _ = sweep("bfcl", ["vllm-opt"], preset=preset, duration=20, max_num_seqs=8)
+        assert result["preset"] == preset.name
+        rates[preset.name] = result["max_rate"]["vllm-opt"]
+    assert rates[slow.name] < rates[base.name]
 def test_a_step_whose_preemptions_leave_it_empty_admits_at_once():
     """vLLM admits only in a step that preempted nothing, but a step its preemptions
     left empty takes no time and the next one admits. Here (found by a sweep) the

@@ -239,5 +239,9 @@ PRESETS: dict[str, EnginePreset] = {
 }
 
 
-def get_preset(name: str) -> EnginePreset:
-    return lookup(PRESETS, name, "preset")
+def get_preset(preset: str | EnginePreset) -> EnginePreset:
+    """A preset by name, or ``preset`` itself: a variant made with ``replace``
+    needs no registration to be simulated or swept."""
+    if isinstance(preset, EnginePreset):
+        return preset
+    return lookup(PRESETS, preset, "preset")

@@ -135,7 +135,7 @@ class Simulation:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy_name(policy), "policy")
         if engines < 1:
             raise ValueError("need at least one engine")
-        base = get_preset(preset) if isinstance(preset, str) else preset
+        base = get_preset(preset)
         spec = base.with_max_num_seqs(max_num_seqs)
         spec = spec.with_kv_offload_gib(kv_offload_gib)
         config = config or PolicyConfig()

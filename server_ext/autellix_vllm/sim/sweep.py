@@ -29,7 +29,7 @@ from typing import Any
 
 from ..policy import PolicyConfig
 from ..workloads import ProgramSpec, generate, get_workload
-from .presets import get_preset
+from .presets import EnginePreset, get_preset
 from .run import simulate
 
 BISECTIONS = 5  # the max rate is then known to within a factor 2**(1/32), ~2%
@@ -41,7 +41,7 @@ class SweepSetup:
     workload: str
     seed: int
     engines: int
-    preset: str
+    preset: str | EnginePreset  # a name, or a preset made with replace
     max_num_seqs: int | None
     config: PolicyConfig
     duration: float
@@ -140,7 +140,7 @@ def sweep(
     *,
     lbs: Sequence[str] = ("round-robin",),
     engines: int = 1,
-    preset: str = "a100-llama8b",
+    preset: str | EnginePreset = "a100-llama8b",
     duration: float | None = None,
     programs: int | None = None,
     max_num_seqs: int | None = None,
@@ -181,7 +181,7 @@ def sweep(
     first = curves[0].max_rate
     return {
         "workload": workload,
-        "preset": preset,
+        "preset": get_preset(preset).name,
         "engines": engines,
         "duration": None if programs else window,
         "programs": programs,
