@@ -37,11 +37,15 @@ def new_requests(output):
     return {r.req_id: r for r in output.scheduled_new_reqs}
 
 
-def scenario(harness, policy_env):
+def scenario(harness, policy_env, tier_blocks=0):
     """L decodes for a while; A's first call (6 full blocks) finishes; B, which needs
     23 of the 29 usable blocks, arrives; then A's second call, extending A's prompt.
+    ``tier_blocks``: a host tier of that many blocks (what ``host_tier_blocks``
+    reads off vLLM's offloading config, a GPU feature).
     Returns (scheduler, whether B was admitted at once, A2's prefix hit in tokens)."""
     scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **policy_env)
+    if tier_blocks:
+        scheduler.residency.rules.tier_blocks = tier_blocks
     a_prompt = [21] * 96
     scheduler.add_request(request("L", "L", [31] * 32, max_tokens=60))
     scheduler.add_request(request("A1", "A", a_prompt, max_tokens=1))
@@ -67,6 +71,19 @@ def test_a_held_context_is_not_evicted_and_its_next_call_hits_it(harness):
     # Every block is either free or held by an idle program: none leaked.
     free = adapter.free_kv_blocks(scheduler)
     assert free + residency["held_blocks"] == adapter.total_kv_blocks(scheduler) - 1
+
+
+@pytest.mark.parametrize(("tier_blocks", "aside"), [(1000, True), (8, False)])
+def test_the_rules_step_aside_while_a_host_tier_keeps_every_live_context(
+    harness, tier_blocks, aside
+):
+    """L's and A's contexts take 10 blocks: a tier of 1,000 keeps them (B goes in at
+    once, nothing is held), one of 8 does not (the rules apply as without a tier)."""
+    scheduler, b_admitted, hit = scenario(harness, KV_AWARE, tier_blocks)
+    residency = scheduler.autellix_snapshot()["residency"]
+    assert b_admitted == aside
+    assert (residency["holds_granted"] == 0) == aside
+    assert (hit == 96) != aside
 
 
 def test_without_residency_the_big_call_evicts_the_idle_context(harness):

@@ -248,3 +248,22 @@ def test_the_host_kv_tier_is_the_connector_vllm_configures_for_offloading(harnes
         kv_connector="OffloadingConnector", kv_role="kv_both"
     )
     assert adapter.has_host_kv_tier(scheduler)
+
+
+def test_the_host_tier_keeps_its_bytes_over_a_blocks_bytes(harness):
+    import inspect
+
+    from vllm.config import KVTransferConfig, VllmConfig
+
+    # vLLM passes --kv-offloading-size (GiB) to its connector as bytes.
+    assert '"cpu_bytes_to_use"' in inspect.getsource(VllmConfig._post_init_kv_transfer_config)
+    scheduler = harness.scheduler(cls=Scheduler)
+    assert adapter.host_tier_blocks(scheduler) == 0
+    scheduler.vllm_config.kv_transfer_config = KVTransferConfig(
+        kv_connector="OffloadingConnector", kv_role="kv_both",
+        kv_connector_extra_config={"cpu_bytes_to_use": 2**20},
+    )  # fmt: skip
+    (group,) = scheduler.kv_cache_config.kv_cache_groups
+    page = group.kv_cache_spec.page_size_bytes  # one layer's block: keys and values
+    assert page == 2 * 16 * 4  # the harness's one layer: 16 tokens, one head of 1 float32
+    assert adapter.host_tier_blocks(scheduler) == 2**20 // page

@@ -74,6 +74,27 @@ def test_an_ended_program_is_not_held():
     assert r.hold("done", ended, 10, now=0.0) == [] and "done" not in r
 
 
+def test_the_rules_apply_once_the_live_contexts_outgrow_the_host_tier():
+    without_tier = residency()
+    assert without_tier.engaged(lambda program_id: True)
+    r = Residency(CONFIG, 100, level_of=lambda p: 0, tier_blocks=30)
+    r.live.seen("a", "a", 10)
+    r.live.seen("a", "a/sub", 8)  # a subagent's own context
+    r.live.seen("b", "b", 6)
+    r.live.seen("b", "b", 4)  # a shorter call shares the longest one's prefix
+    assert r.live.total == 24 and not r.engaged(lambda program_id: True)
+    r.live.seen("c", "c", 7)
+    assert r.engaged(lambda program_id: True)
+    # Programs the process table no longer knows (their clients never said they
+    # ended) are forgotten once the rules would apply.
+    assert not r.engaged(lambda program_id: program_id != "c")
+    assert r.live.total == 24
+    r.hold("a", program("a"), 10, now=0.0)
+    assert r.release_program("a") == ["a"] and r.live.total == 6
+    r.hold("b", program("b"), 6, now=0.0)
+    assert r.release_all() == ["b"] and r.held_blocks == 0
+
+
 def test_the_working_set_rule_keeps_a_headroom():
     r = residency(capacity=100)  # headroom 10 blocks
     assert r.fits(40, reclaimable_blocks=50)

@@ -157,11 +157,12 @@ def test_a_host_tier_needs_a_kv_size_per_token():
     assert math.isclose(A100.with_kv_offload_gib(None).kv_offload_gib, 0.0)
 
 
-@pytest.mark.parametrize("host_gib", [None, 1.0], ids=["no-tier", "host-tier"])
+@pytest.mark.parametrize("host_gib", [None, 0.05], ids=["no-tier", "host-tier"])
 def test_a_context_the_host_tier_keeps_is_held_as_long_as_any(host_gib):
     """A 20 s tool, while R keeps the engine stepping: A's context is held for 24
     expected gaps of the 2 s prior (48 s) and its next call takes the hold, with
-    a tier as without (the tier may drop the context before A is back)."""
+    a tier that the live contexts outgrow (409 tokens for 1,016) as without (the
+    tier may drop the context before A is back)."""
     a = ProgramSpec("A", 0.0, (
         CallSpec("a1", 1, 1000), CallSpec("a2", 1, 1500, after=("a1",), tool_gap=20.0),
     ))  # fmt: skip
@@ -169,3 +170,6 @@ def test_a_context_the_host_tier_keeps_is_held_as_long_as_any(host_gib):
     run = dict(preset="a100-llama8b-kv", kv_offload_gib=host_gib)
     metrics = simulate([a, r], "autellix", **run).metrics
     assert (metrics["holds_taken"], metrics["holds_expired"]) == (1, 0)
+    # A tier that keeps both contexts: the rules step aside, nothing is held.
+    kept = simulate([a, r], "autellix", preset="a100-llama8b-kv", kv_offload_gib=1.0).metrics
+    assert kept["holds_granted"] == 0 and kept["calls_completed"] == 3

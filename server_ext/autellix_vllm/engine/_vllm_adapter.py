@@ -136,6 +136,21 @@ def has_host_kv_tier(scheduler: Scheduler) -> bool:
     return transfer is not None and transfer.kv_connector in HOST_TIER_CONNECTORS
 
 
+def host_tier_blocks(scheduler: Scheduler) -> int:
+    """Blocks of this engine's KV its host tier can keep (0 without one). vLLM sizes
+    the tier in bytes over all workers (``cpu_bytes_to_use``, from
+    --kv-offloading-size); a block takes its layers' pages on every worker."""
+    if not has_host_kv_tier(scheduler):
+        return 0
+    config = scheduler.vllm_config
+    tier_bytes = config.kv_transfer_config.kv_connector_extra_config.get("cpu_bytes_to_use", 0)
+    block_bytes = config.parallel_config.world_size * sum(
+        group.kv_cache_spec.page_size_bytes * len(group.layer_names)
+        for group in scheduler.kv_cache_config.kv_cache_groups
+    )
+    return int(tier_bytes) // block_bytes if block_bytes else 0
+
+
 def free_kv_blocks(scheduler: Scheduler) -> int:
     return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 

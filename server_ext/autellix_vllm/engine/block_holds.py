@@ -29,6 +29,9 @@ content, so a program's threads need no context of their own). With vLLM's host
 KV tier (``--kv-offloading-size``), which writes every block through to host
 memory, a context is taken as reloadable: a preempted call's undo cost is a
 reload's. Its hold is as long as without the tier (``ResidencyConfig.ttl_gaps``).
+While the tier can keep every live program's context, the rules step aside
+(``Residency.engaged``): no holds, every call admitted, vLLM evicts and reloads.
+The host tier is a GPU feature of vLLM: on the CPU build the rules always apply.
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ class EngineResidency:
             adapter.total_kv_blocks(scheduler),
             core.program_level,
             core.waiting.owners,
+            tier_blocks=adapter.host_tier_blocks(scheduler),
         )
+        self.engaged = True  # the rules apply (Residency.engaged), as of this step
         self._blocks: dict[str, list[object]] = {}  # held program -> its referenced blocks
         self._running: set[str] = set()  # programs with a running call, as of this step
         self._largest = 0  # blocks of the largest resident context, as of this step
@@ -62,8 +67,12 @@ class EngineResidency:
     # ---- holds --------------------------------------------------------------------
 
     def arrived(self, call: Call) -> None:
-        """A call arrived: a hold of its program lasts until the call runs."""
-        self.rules.waiting(call.program.program_id)
+        """A call arrived: a hold of its program lasts until the call runs; its prompt
+        is its program's context now."""
+        program_id = call.program.program_id
+        self.rules.waiting(program_id)
+        blocks = adapter.kv_blocks_needed(self.scheduler, call.payload)
+        self.rules.live.seen(program_id, program_id, blocks)
 
     def started(self, call: Call) -> None:
         """The call runs: vLLM references the blocks it hit, so the hold can go."""
@@ -77,7 +86,7 @@ class EngineResidency:
         its cached blocks if its program has no other call in flight."""
         program = call.program
         program_id = program.program_id
-        if aborted or program.ended or program.active_calls:
+        if aborted or program.ended or program.active_calls or not self.engaged:
             return
         blocks = adapter.cached_blocks(self.scheduler, request)
         if program_id in self._blocks:  # an earlier call's hold: the new one replaces it
@@ -109,6 +118,10 @@ class EngineResidency:
         vLLM's KV-pressure victims as the core would."""
         for ended in self.rules.expired(time.time()):
             self._unreference(ended)
+        self.engaged = self.rules.engaged(self.core.table.__contains__)
+        if not self.engaged:
+            for ended in self.rules.release_all():
+                self._unreference(ended)
         running = list(running)
         self._running = {calls[r.request_id].program.program_id for r in running}
         self._order_victims(running, calls)
@@ -146,7 +159,7 @@ class EngineResidency:
         first gives up holds for the best waiter; a starving call for itself; any
         other that waits has other owners' holds past their fair share cut short."""
         program_id = call.program.program_id
-        if program_id in self._running or program_id in self.rules:
+        if not self.engaged or program_id in self._running or program_id in self.rules:
             return True
         need = adapter.kv_blocks_needed(self.scheduler, call.payload)
         if self._fits(need):

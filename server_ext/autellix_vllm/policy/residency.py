@@ -45,6 +45,13 @@ working set keeps processes within memory:
   cheapest to undo (nothing cached is cheapest, a reload from host memory
   next, recomputing a long context dearest).
 
+* **Host tier.** With a host-memory KV tier that can keep every live
+  program's context, an evicted context comes back by a reload instead of a
+  prefill, and holds and the working set cost more than they save: while the
+  live contexts fit in the tier, the rules step aside (no holds, every call
+  admissible) and the engine evicts and reloads as vLLM does
+  (:meth:`Residency.engaged`).
+
 This module keeps the holds and makes the decisions; the engine (the simulator
 or the vLLM scheduler) owns the blocks and applies them.
 """
@@ -96,13 +103,39 @@ class Hold:
         return self.program.owner
 
 
+class LiveContexts:
+    """The KV of the live programs' contexts, in blocks: each context's largest
+    prompt so far (its calls share a prefix, the longest holds it), until its
+    program ends or leaves the process table."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, dict[str, int]] = {}  # program -> context -> blocks
+        self.total = 0
+
+    def seen(self, program_id: str, context: str, blocks: int) -> None:
+        contexts = self._blocks.setdefault(program_id, {})
+        old = contexts.get(context, 0)
+        if blocks > old:
+            contexts[context] = blocks
+            self.total += blocks - old
+
+    def ended(self, program_id: str) -> None:
+        self.total -= sum(self._blocks.pop(program_id, {}).values())
+
+    def prune(self, is_live: Callable[[str], bool]) -> None:
+        """Forget programs that are no longer live (clients that never end theirs)."""
+        for program_id in [p for p in self._blocks if not is_live(p)]:
+            self.ended(program_id)
+
+
 class Residency:
     """The holds of one engine and the working-set rule (see the module docstring).
 
     ``level_of`` gives a program's level as its next call would enter it; holds
     are compared by it (higher is worse). ``waiting_owners`` gives the owners
     with calls waiting on the engine (the wait queue's ``owners``); by default
-    nobody waits, and the fair share never binds.
+    nobody waits, and the fair share never binds. ``tier_blocks``: blocks of
+    this engine's KV a host tier can keep (0: no tier).
     """
 
     def __init__(
@@ -111,9 +144,12 @@ class Residency:
         capacity_blocks: int,
         level_of: Callable[[Program], int],
         waiting_owners: Callable[[], Collection[str]] = tuple,
+        tier_blocks: int = 0,
     ) -> None:
         self.config = config
         self.capacity_blocks = capacity_blocks
+        self.tier_blocks = tier_blocks
+        self.live = LiveContexts()
         self.level_of = level_of
         self.waiting_owners = waiting_owners
         self.holds: dict[str, Hold] = {}
@@ -150,6 +186,19 @@ class Residency:
             "holds_broken": self.broken,
             "holds_cut": self.cut,
         }
+
+    def engaged(self, is_live: Callable[[str], bool]) -> bool:
+        """Whether the rules apply now: without a host tier always; with one, once
+        the live contexts (``live``, of programs ``is_live`` still knows) outgrow
+        it, so that the tier (least recently used first) drops contexts whose
+        programs come back, and recomputing them is what the rules save. An
+        engine whose rules step aside ends every hold (:meth:`release_all`) and
+        admits every call."""
+        if not self.tier_blocks:
+            return True
+        if self.live.total > self.tier_blocks:
+            self.live.prune(is_live)
+        return self.live.total > self.tier_blocks
 
     # ---- retention ------------------------------------------------------------------
 
@@ -234,7 +283,15 @@ class Residency:
     def release_program(self, program_id: str) -> list[str]:
         """The program ended (its client said so): end its holds; returns their
         contexts."""
+        self.live.ended(program_id)
         ended = [c for c, h in self.holds.items() if h.program.program_id == program_id]
+        for context in ended:
+            self._drop(context)
+        return ended
+
+    def release_all(self) -> list[str]:
+        """End every hold (the rules step aside); returns their contexts."""
+        ended = list(self.holds)
         for context in ended:
             self._drop(context)
         return ended

@@ -396,14 +396,17 @@ class SimEngine:
             if preset.host_blocks and prefix_caching
             else None
         )
-        # KV-aware policies: holds of idle contexts and the working-set rule.
-        self.residency = (
+        # KV-aware policies: holds of idle contexts and the working-set rule, which
+        # apply (``residency``) unless the host tier can keep every live context.
+        self.rules = (
             Residency(
-                core.config.residency, preset.kv_blocks, core.program_level, core.waiting.owners
-            )
+                core.config.residency, preset.kv_blocks, core.program_level, core.waiting.owners,
+                tier_blocks=self.host.capacity if self.host else 0,
+            )  # fmt: skip
             if core.policy.kv_aware and prefix_caching
             else None
         )
+        self.residency = self.rules
         self.on_complete = on_complete
         # Asks for a step at a time: a load from the host is done, a hold expires.
         self.wake_at = wake_at
@@ -435,6 +438,9 @@ class SimEngine:
         job.call = self.core.add_call(identity, now, prompt_tokens=spec.prompt_tokens, payload=job)
         self.hold_shares.owners.add(job.call.program.owner)
         job.wait_since = now
+        if self.rules is not None:
+            blocks = _blocks(job.prompt, self.kv.block_size)
+            self.rules.live.seen(job.program.program_id, job.context, blocks)
         if self.residency is not None:
             self.residency.waiting(job.context)
         self.core.enqueue(job.call)
@@ -443,8 +449,8 @@ class SimEngine:
         """The program's client ended it (as the SDK does when a program returns): it
         leaves the table and its idle contexts are no longer held."""
         self.core.end_program(program_id)
-        if self.residency is not None:
-            for context in self.residency.release_program(program_id):
+        if self.rules is not None:
+            for context in self.rules.release_program(program_id):
                 self.kv.unpin(context)
 
     # ---- one (macro) step ----------------------------------------------------------
@@ -455,6 +461,7 @@ class SimEngine:
         The phases of vLLM V1's ``Scheduler.schedule()``, in its order: seats,
         running calls, waiting calls (only if no running call was preempted).
         """
+        self._engage()
         self._expire_holds(now)
         self._free_seats_for_waiters(now)
         batch = _Batch(self.preset.token_budget)
@@ -694,6 +701,19 @@ class SimEngine:
         return now
 
     # ---- KV residency (KV-aware policies) ---------------------------------------------
+
+    def _engage(self) -> None:
+        """The residency's rules apply while the live contexts outgrow the host tier
+        (``Residency.engaged``); stepping aside ends their holds."""
+        rules = self.rules
+        if rules is None:
+            return
+        if rules.engaged(self.core.table.__contains__):
+            self.residency = rules
+        elif self.residency is not None:
+            self.residency = None
+            for context in rules.release_all():
+                self.kv.unpin(context)
 
     def _footprint(self, job: Job) -> int:
         """Blocks ``job``'s whole context takes once admitted."""

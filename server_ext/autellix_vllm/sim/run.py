@@ -364,7 +364,7 @@ class Simulation:
         hosts = [e.host for e in sims if e.host is not None]
         if hosts:
             metrics["reloaded_tokens"] = sum(h.reloaded_tokens for h in hosts)
-        holds = [e.residency.counters() for e in sims if e.residency is not None]
+        holds = [e.rules.counters() for e in sims if e.rules is not None]
         for key in holds[0] if holds else ():
             metrics[key] = sum(counters[key] for counters in holds)
         shares = held_shares(sims)
@@ -380,9 +380,9 @@ def held_shares(engines: list[SimEngine]) -> dict[str, float]:
     """Per owner, the share of the engines' hold budget it held, on average over
     the time another owner's calls waited (``HoldShares``); empty with one owner."""
     kept = [
-        (e.residency.budget_blocks, e.hold_shares)
+        (e.rules.budget_blocks, e.hold_shares)
         for e in engines
-        if e.residency is not None and e.hold_shares.seconds
+        if e.rules is not None and e.hold_shares.seconds
     ]
     out: dict[str, float] = {}
     for owner in sorted({owner for _, shares in kept for owner in shares.seconds}):
