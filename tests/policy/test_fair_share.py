@@ -78,7 +78,7 @@ def test_a_hold_whose_call_waits_is_not_cut():
     waiting: set[str] = set()
     r = residency(waiting)
     r.hold("g1", program("g1", "greedy"), 45, now=0.0, hint_s=60.0)
-    r.waiting("g1")
+    r.waiting("g1", "g1", 45)
     waiting.add("other")
     assert r.cut_for("other", 1.0, context_blocks=40, reclaimable_blocks=30) == 0
 

@@ -46,7 +46,7 @@ def test_holds_expire_unless_their_program_is_back():
     r.hold("a", program("a"), 10, now=0.0)
     r.hold("b", program("b"), 10, now=0.0)
     assert "a" in r and r.held_blocks == 20
-    r.waiting("b")  # b's next call arrived: held until it is admitted
+    r.waiting("b", "b", 10)  # b's next call arrived: held until it is admitted
     assert r.next_expiry() == 8.0
     assert r.expired(7.9) == [] and r.expired(8.0) == ["a"]
     assert r.next_expiry() is None and r.held_blocks == 10
@@ -169,5 +169,5 @@ def test_residency_config_rejects_nonsense(bad):
 def test_a_waiting_context_never_expires():
     r = residency()
     r.hold("a", program("a"), 10, now=0.0)
-    r.waiting("a")
+    r.waiting("a", "a", 10)
     assert r.expired(1e12) == [] and "a" in r

@@ -234,7 +234,6 @@ def test_sweep_finds_a_max_rate_and_plots(tmp_path):
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
-
 def test_a_sweep_takes_a_preset_that_is_not_registered():
     """A variant made with ``replace`` is swept as it is, in the pool's workers too:
     a slower engine has a lower highest rate, and the result names it."""
@@ -250,6 +249,8 @@ def test_a_sweep_takes_a_preset_that_is_not_registered():
         assert result["preset"] == preset.name
         rates[preset.name] = result["max_rate"]["vllm-opt"]
     assert rates[slow.name] < rates[base.name]
+
+
 def test_a_step_whose_preemptions_leave_it_empty_admits_at_once():
     """vLLM admits only in a step that preempted nothing, but a step its preemptions
     left empty takes no time and the next one admits. Here (found by a sweep) the

@@ -70,9 +70,8 @@ class EngineResidency:
         """A call arrived: a hold of its program lasts until the call runs; its prompt
         is its program's context now."""
         program_id = call.program.program_id
-        self.rules.waiting(program_id)
         blocks = adapter.kv_blocks_needed(self.scheduler, call.payload)
-        self.rules.live.seen(program_id, program_id, blocks)
+        self.rules.waiting(program_id, program_id, blocks)
 
     def started(self, call: Call) -> None:
         """The call runs: vLLM references the blocks it hit, so the hold can go."""

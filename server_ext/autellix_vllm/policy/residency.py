@@ -251,8 +251,11 @@ class Residency:
         self.granted += 1
         return ended
 
-    def waiting(self, context: str) -> None:
-        """A call of the held ``context`` arrived: the hold lasts until it is admitted."""
+    def waiting(self, program_id: str, context: str, blocks: int) -> None:
+        """A call of ``context`` arrived with a prompt of ``blocks``: the context's
+        hold, if any, lasts until the call is admitted, and the context counts
+        among the live ones at least this large."""
+        self.live.seen(program_id, context, blocks)
         held = self.holds.get(context)
         if held is not None:
             held.until = math.inf

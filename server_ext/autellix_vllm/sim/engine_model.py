@@ -440,9 +440,7 @@ class SimEngine:
         job.wait_since = now
         if self.rules is not None:
             blocks = _blocks(job.prompt, self.kv.block_size)
-            self.rules.live.seen(job.program.program_id, job.context, blocks)
-        if self.residency is not None:
-            self.residency.waiting(job.context)
+            self.rules.waiting(job.program.program_id, job.context, blocks)
         self.core.enqueue(job.call)
 
     def end_program(self, program_id: str) -> None:
