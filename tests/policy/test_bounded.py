@@ -22,7 +22,7 @@ def test_idle_table_drops_idle_entries_least_recently_active_first():
     assert table.drop_idle(now_s=11.0) == ["b"]  # idle for exactly the TTL counts
     assert table.drop_idle(now_s=14.9) == ["c"]
     assert table.drop_idle(now_s=15.0) == ["a"]
-    assert len(table) == 0
+    assert len(table) == 0 and table.departures == 3
 
 
 def test_idle_table_keeps_busy_entries_however_long_idle_and_sweeps_past_them():
@@ -35,6 +35,7 @@ def test_idle_table_keeps_busy_entries_however_long_idle_and_sweeps_past_them():
     table.get("busy").busy = False
     assert table.drop_idle(now_s=100.0) == ["busy"]
     assert table.pop("fresh") is not None and table.pop("fresh") is None
+    assert table.departures == 3  # a pop of what is not held is no departure
     table.touch("fresh")  # touching what is not held is a no-op
 
 

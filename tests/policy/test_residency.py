@@ -4,7 +4,7 @@ import pytest
 from autellix_vllm.policy import Autellix, PlasAtlas, PolicyConfig, Program, ProgramScheduler
 from autellix_vllm.policy.config import ResidencyConfig
 from autellix_vllm.policy.residency import RELOAD_SPEEDUP, Residency, undo_cost
-from autellix_vllm.policy.table import Call
+from autellix_vllm.policy.table import Call, ProcessTable
 from autellix_vllm.protocol.identity import CallIdentity
 
 CONFIG = ResidencyConfig(hold_share=0.5, headroom=0.1, prior_gap_s=2.0, prior_weight=2.0,
@@ -75,19 +75,25 @@ def test_an_ended_program_is_not_held():
 
 
 def test_the_rules_apply_once_the_live_contexts_outgrow_the_host_tier():
+    table = ProcessTable(idle_ttl_s=60.0)
+    table.open("c", now_s=0.0)
+    table.open("a", now_s=10.0)
+    table.open("b", now_s=10.0)
     without_tier = residency()
-    assert without_tier.engaged(lambda program_id: True)
+    assert without_tier.engaged(table)
     r = Residency(CONFIG, 100, level_of=lambda p: 0, tier_blocks=30)
     r.live.seen("a", "a", 10)
     r.live.seen("a", "a/sub", 8)  # a subagent's own context
     r.live.seen("b", "b", 6)
     r.live.seen("b", "b", 4)  # a shorter call shares the longest one's prefix
-    assert r.live.total == 24 and not r.engaged(lambda program_id: True)
+    assert r.live.total == 24 and not r.engaged(table)
     r.live.seen("c", "c", 7)
-    assert r.engaged(lambda program_id: True)
+    assert r.engaged(table)
     # Programs the process table no longer knows (their clients never said they
-    # ended) are forgotten once the rules would apply.
-    assert not r.engaged(lambda program_id: program_id != "c")
+    # ended: here c went idle past the table's TTL) are forgotten once the rules
+    # would apply.
+    assert table.evict_idle(now_s=65.0) == ["c"] and table.departures == 1
+    assert not r.engaged(table)
     assert r.live.total == 24
     r.hold("a", program("a"), 10, now=0.0)
     assert r.release_program("a") == ["a"] and r.live.total == 6

@@ -117,7 +117,7 @@ class EngineResidency:
         vLLM's KV-pressure victims as the core would."""
         for ended in self.rules.expired(time.time()):
             self._unreference(ended)
-        self.engaged = self.rules.engaged(self.core.table.__contains__)
+        self.engaged = self.rules.engaged(self.core.table)
         if not self.engaged:
             for ended in self.rules.release_all():
                 self._unreference(ended)

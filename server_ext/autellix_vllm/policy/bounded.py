@@ -53,12 +53,15 @@ class IdleTable(Generic[EntryT]):
     The owner calls :meth:`touch` whenever an entry's ``last_active_s`` moves
     forward (and :meth:`add` puts new entries last), so the order is the order
     of last activity and :meth:`drop_idle` stops at the first entry that is
-    not idle yet, without scanning the rest.
+    not idle yet, without scanning the rest. ``departures`` counts the entries
+    that left (popped or dropped), so that a mirror of the table knows when it
+    has something to forget without comparing itself entry by entry.
     """
 
     def __init__(self, idle_ttl_s: float) -> None:
         self.idle_ttl_s = idle_ttl_s
         self._entries: OrderedDict[str, EntryT] = OrderedDict()
+        self.departures = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -84,7 +87,10 @@ class IdleTable(Generic[EntryT]):
             self._entries.move_to_end(key)
 
     def pop(self, key: str) -> EntryT | None:
-        return self._entries.pop(key, None)
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.departures += 1
+        return entry
 
     def drop_idle(self, now_s: float, limit: int = SWEEP_BATCH) -> list[str]:
         """Drop entries idle for ``idle_ttl_s`` or more and not busy; return their keys.
@@ -105,6 +111,7 @@ class IdleTable(Generic[EntryT]):
                     break
         for key in dropped:
             del self._entries[key]
+        self.departures += len(dropped)
         return dropped
 
 

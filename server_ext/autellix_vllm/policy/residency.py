@@ -66,7 +66,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from .config import ResidencyConfig
-from .table import Call, Program, Rank
+from .table import Call, ProcessTable, Program, Rank
 
 # How many waiting calls outside the working set admission looks past in a step
 # (they are skipped, not evicted for); bounds the cost of a step.
@@ -111,6 +111,7 @@ class LiveContexts:
     def __init__(self) -> None:
         self._blocks: dict[str, dict[str, int]] = {}  # program -> context -> blocks
         self.total = 0
+        self._departures_seen = 0  # the table's departures at the last prune
 
     def seen(self, program_id: str, context: str, blocks: int) -> None:
         contexts = self._blocks.setdefault(program_id, {})
@@ -122,9 +123,15 @@ class LiveContexts:
     def ended(self, program_id: str) -> None:
         self.total -= sum(self._blocks.pop(program_id, {}).values())
 
-    def prune(self, is_live: Callable[[str], bool]) -> None:
-        """Forget programs that are no longer live (clients that never end theirs)."""
-        for program_id in [p for p in self._blocks if not is_live(p)]:
+    def prune(self, table: ProcessTable) -> None:
+        """Forget programs that left ``table`` (clients that never end theirs); a
+        walk over the live programs only when some program left it since the last
+        prune, so that an engine asking every step pays for departures, not for
+        every live program every step."""
+        if table.departures == self._departures_seen:
+            return
+        self._departures_seen = table.departures
+        for program_id in [p for p in self._blocks if p not in table]:
             self.ended(program_id)
 
 
@@ -187,17 +194,17 @@ class Residency:
             "holds_cut": self.cut,
         }
 
-    def engaged(self, is_live: Callable[[str], bool]) -> bool:
+    def engaged(self, table: ProcessTable) -> bool:
         """Whether the rules apply now: without a host tier always; with one, once
-        the live contexts (``live``, of programs ``is_live`` still knows) outgrow
-        it, so that the tier (least recently used first) drops contexts whose
+        the live contexts (``live``, of programs still in ``table``) outgrow it,
+        so that the tier (least recently used first) drops contexts whose
         programs come back, and recomputing them is what the rules save. An
         engine whose rules step aside ends every hold (:meth:`release_all`) and
         admits every call."""
         if not self.tier_blocks:
             return True
         if self.live.total > self.tier_blocks:
-            self.live.prune(is_live)
+            self.live.prune(table)
         return self.live.total > self.tier_blocks
 
     # ---- retention ------------------------------------------------------------------

@@ -242,6 +242,11 @@ class ProcessTable:
     def __contains__(self, program_id: str) -> bool:
         return program_id in self._programs
 
+    @property
+    def departures(self) -> int:
+        """How many programs have left the table so far (ended or idle too long)."""
+        return self._programs.departures
+
     def get(self, program_id: str) -> Program | None:
         return self._programs.get(program_id)
 

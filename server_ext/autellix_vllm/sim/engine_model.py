@@ -706,7 +706,7 @@ class SimEngine:
         rules = self.rules
         if rules is None:
             return
-        if rules.engaged(self.core.table.__contains__):
+        if rules.engaged(self.core.table):
             self.residency = rules
         elif self.residency is not None:
             self.residency = None
