@@ -142,3 +142,26 @@ def test_the_tier_bound_sweeps_the_same_engine_with_an_instant_host_link(capsys)
     rate = row["pcie"]["vllm-opt"]
     assert rate > 0
     assert row["instant_over_pcie"]["vllm-opt"] == row["instant_link"]["vllm-opt"] / rate
+
+
+def test_the_size_aware_orders_rank_by_the_known_distribution(capsys):
+    size_bound = experiment("size_bound")
+    from autellix_vllm.policy.policies import POLICIES
+
+    known = dict(POLICIES)
+    size_bound.know({size_bound.ALL: [1000, 10] * 50})
+    new, past_the_short = size_bound._grid(0), size_bound._grid(20)
+    # New: half end within 10 tokens, which take 10 each (index 0.5 / 10).
+    assert size_bound.gittins_index(size_bound.ALL, new) == pytest.approx(0.05)
+    # Past the short ones only the long remain: about 980 tokens to go.
+    attained = size_bound._attained(past_the_short)
+    assert size_bound.gittins_index(size_bound.ALL, past_the_short) == pytest.approx(
+        1 / (1000 - attained)
+    )
+    assert size_bound.mean_residual(size_bound.ALL, new) == pytest.approx(505)
+    args = ["--workload", "mixed", "--seeds", "0", "--programs", "12", "--workers", "1",
+            "--policies", "vllm-opt", "--orders", "gittins"]  # fmt: skip
+    assert size_bound.main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["max_rate"]) == {"vllm-opt", "gittins"} and result["max_rate"]["gittins"] > 0
+    assert known == POLICIES  # registered for the run only
