@@ -161,6 +161,8 @@ def parser() -> argparse.ArgumentParser:
     out = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     out.add_argument("--workload", default="mixed", help="(default: %(default)s)")
     out.add_argument("--preset", default="a100-llama8b", help="(default: %(default)s)")
+    out.add_argument("--kv-offload-gib", type=float, default=None,
+                     help="a host KV tier (default: the preset's)")  # fmt: skip
     out.add_argument("--seeds", default="0", help="comma-separated (default: %(default)s)")
     out.add_argument("--policies", default="vllm-opt,autellix,srpt",
                      help="swept beside the size-aware orders (default: %(default)s)")  # fmt: skip
@@ -184,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
             learn(args.workload, seed)
             rates = sweep(
                 args.workload, policies, preset=args.preset, seed=seed,
-                programs=args.programs, workers=args.workers,
+                kv_offload_gib=args.kv_offload_gib, programs=args.programs, workers=args.workers,
             )[0]["max_rate"]  # fmt: skip
             base = rates[policies[0]]
             print(json.dumps({
-                "workload": args.workload, "preset": args.preset, "seed": seed, "max_rate": rates,
+                "workload": args.workload, "preset": args.preset,
+                "kv_offload_gib": args.kv_offload_gib, "seed": seed, "max_rate": rates,
                 "ratio": {p: rate / base if base else None for p, rate in rates.items()},
             }), flush=True)  # fmt: skip
     finally:
