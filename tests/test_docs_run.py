@@ -59,7 +59,7 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix serve --model tiny": (PARSE, _ENGINE),
     "autellix serve --model /models/llama-70b --engines 2 --tensor-parallel-size 4": (PARSE, _GPU),
     "autellix serve --engines 2 -- --max-num-batched-tokens 2048": (PARSE, _ENGINE),
-    # docs/benchmarks.md
+    # docs/simulator.md
     "cat > figure2.jsonl <<'EOF'": (RUN, ""),
     "autellix simulate run --trace figure2.jsonl --preset unit --max-num-seqs 2 --policy vllm"
     " --json": (RUN, '"total_wait": 18.0'),
