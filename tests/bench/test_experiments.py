@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from autellix_vllm.policy.policies import POLICIES
 from autellix_vllm.sim.presets import PRESETS
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "bench" / "experiments"
@@ -146,8 +147,6 @@ def test_the_tier_bound_sweeps_the_same_engine_with_an_instant_host_link(capsys)
 
 def test_the_size_aware_orders_rank_by_the_known_distribution(capsys):
     size_bound = experiment("size_bound")
-    from autellix_vllm.policy.policies import POLICIES
-
     known = dict(POLICIES)
     size_bound.know({size_bound.ALL: [1000, 10] * 50})
     new, past_the_short = size_bound._grid(0), size_bound._grid(20)
