@@ -9,8 +9,10 @@ those of its own kind (``gittins-kind``: the workload generator's name, as a
 client could state it), and the mean remaining size (``mean-residual``). The
 distribution is taken from the same generator with another seed (3,000
 programs), so it is known exactly, as a server learning it would know it at
-best. Like the oracle these orders are KV-blind and simulator only; each
-seed's highest rate within the SLO is swept beside the given policies.
+best. Like the oracle these orders are KV-blind and simulator only, but for
+``autellix-gittins-kind``: the default's order and KV rules, programs ranked
+first by their kind's index on a coarse grid. Each seed's highest rate within
+the SLO is swept beside the given policies.
 
     python bench/experiments/size_bound.py --workload mixed --seeds 0
 """
@@ -25,7 +27,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from autellix_vllm.policy.policies import POLICIES, Policy
+from autellix_vllm.policy.policies import POLICIES, Autellix, Policy
 from autellix_vllm.policy.table import Call, Program, Rank
 from autellix_vllm.sim import run
 from autellix_vllm.sim.sweep import sweep
@@ -100,10 +102,9 @@ def mean_residual(kind: str, step: int) -> float:
     return sum(alive) / len(alive) - attained if alive else 1.0
 
 
-class _SizeAware(Policy):
-    """Ranks programs by :meth:`key` of the decode tokens each has produced."""
+class _ReadsProgress:
+    """Reads each program's decode tokens so far from the simulator."""
 
-    uses_levels = False
     clairvoyant = True  # reads the simulator's count of each program's tokens
 
     def __init__(self, remaining: Any) -> None:
@@ -112,15 +113,24 @@ class _SizeAware(Policy):
         self.runs = remaining.__self__.runs
 
     @classmethod
-    def build(cls, atlas_variant: Any, remaining: Any) -> Policy:
+    def build(cls, atlas_variant: Any, remaining: Any) -> Any:
         return cls(remaining)
-
-    def key(self, program: Program) -> float:
-        raise NotImplementedError
 
     def _step(self, program: Program) -> int:
         progress = self.runs[program.program_id]
         return _grid(progress.decode_total - progress.remaining_work)
+
+    def rerank_on_progress(self, program: Program) -> bool:
+        return True
+
+
+class _SizeAware(_ReadsProgress, Policy):
+    """Ranks programs by :meth:`key` of the decode tokens each has produced."""
+
+    uses_levels = False
+
+    def key(self, program: Program) -> float:
+        raise NotImplementedError
 
     def base(self, call: Call) -> float:
         return 0.0
@@ -130,9 +140,6 @@ class _SizeAware(Policy):
 
     def outranks(self, waiter: Call, victim: Call) -> bool:
         return self.key(waiter.program) < self.key(victim.program) * 0.9  # no thrash at ties
-
-    def rerank_on_progress(self, program: Program) -> bool:
-        return True
 
 
 class Gittins(_SizeAware):
@@ -150,8 +157,29 @@ class MeanResidual(_SizeAware):
         return mean_residual(ALL, self._step(program))
 
 
-ORDERS: dict[str, type[_SizeAware]] = {
+BUCKET = 2.0  # within the default: indices within this factor tie
+
+
+class AutellixGittinsKind(_ReadsProgress, Autellix):
+    """The default's order and KV rules, programs ranked first by their kind's
+    Gittins index on a coarse grid (indices within :data:`BUCKET` tie), then
+    as the default ranks them."""
+
+    def bucket(self, program: Program) -> int:
+        index = gittins_index(kind_of(program.program_id), self._step(program))
+        return -math.floor(math.log(max(index, 1e-12)) / math.log(BUCKET))
+
+    def rank(self, call: Call) -> Rank:
+        return (self.bucket(call.program), *super().rank(call))
+
+    def outranks(self, waiter: Call, victim: Call) -> bool:
+        ahead, behind = self.bucket(waiter.program), self.bucket(victim.program)
+        return ahead < behind or (ahead == behind and super().outranks(waiter, victim))
+
+
+ORDERS: dict[str, type[Policy]] = {
     "gittins": Gittins, "gittins-kind": GittinsKind, "mean-residual": MeanResidual,
+    "autellix-gittins-kind": AutellixGittinsKind,
 }  # fmt: skip
 for _name, _order in ORDERS.items():
     _order.name = _name  # after the class is made: not registered on import

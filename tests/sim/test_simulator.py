@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from autellix_vllm.policy import POLICY_NAMES, Levels, PolicyConfig, ServiceMeter
 from autellix_vllm.sim import SIM_POLICIES, CallSpec, ProgramSpec, generate, simulate
+from autellix_vllm.sim.sweep import SweepSetup, run_at
 from autellix_vllm.workloads import WORKLOAD_SPECS, WORKLOADS, WorkloadSpec
 from autellix_vllm.workloads.trace import TraceError, load_trace, write_trace
 
@@ -69,6 +70,28 @@ def test_every_call_completes_exactly_once(policy):
     assert set(result.latency_per_token) == {p.program_id for p in programs}
     if policy in ("plas", "plas-atlas"):
         assert result.metrics["preemptions"] > 0
+
+
+def test_locality_threshold_decides_which_calls_stick():
+    # A tree search's calls are short: above a threshold of 0 each sticks to its
+    # program's engine, which caches the tree's prefix; below a huge one they
+    # spread by load, and another engine prefills the prefix again.
+    def hit_rate(threshold: int) -> float:
+        programs = generate("lats", 6, rate=4.0, seed=3)
+        result = simulate(programs, "vllm-opt", engines=2, lb="locality",
+                          locality_threshold=threshold, max_num_seqs=16)  # fmt: skip
+        return result.metrics["prefix_hit_rate"]
+
+    assert hit_rate(0) > hit_rate(10**9)
+
+
+def test_sweep_setup_carries_the_locality_threshold():
+    setup = SweepSetup("lats", 3, 2, "a100-llama8b", 16, PolicyConfig(), 1.5,
+                       locality_threshold=0)  # fmt: skip
+    wide = replace(setup, locality_threshold=10**9)
+    assert run_at(setup, "vllm-opt", "locality", 4.0)["prefix_hit_rate"] > run_at(
+        wide, "vllm-opt", "locality", 4.0
+    )["prefix_hit_rate"]
 
 
 def test_kv_pressure_preempts_and_recomputes():
@@ -193,6 +216,7 @@ def test_trace_extra_keys_are_ignored(tmp_path):
     [
         (["run", "--workload", "nope"], "invalid choice: 'nope'"),
         (["run", "--rate", "-2"], "must be positive"),
+        (["run", "--locality-threshold", "-1"], "must be >= 0"),
         (["run", "--trace", "/no/such/file.jsonl"], "cannot read trace"),
         (["sweep", "--policies", "vllm,magic"], "unknown magic"),
         (["run", "--levels", "5,10"], "must start at 0"),

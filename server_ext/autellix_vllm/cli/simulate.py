@@ -19,6 +19,7 @@ from ..policy import (
     ServiceMeter,
     policy_name,
 )
+from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..sim.presets import PRESETS
 from ..sim.run import SIM_POLICIES, simulate
 from ..workloads import AGENT_MAX_CONTEXT, WORKLOAD_SPECS, generate, get_workload
@@ -41,14 +42,17 @@ RUN_UNITS = {
 }
 
 
-def _positive(kind: type) -> Any:
+def _positive(kind: type, zero: bool = False) -> Any:
+    """An argparse type: a number of ``kind`` above 0 (or 0 too, with ``zero``)."""
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if value < 0 or (value == 0 and not zero):
+            bound = ">= 0" if zero else "positive"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
     parse.__name__ = kind.__name__
@@ -89,6 +93,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         f"{_per_workload('programs')}; sweep: as many as --duration brings)",
     )  # fmt: skip
     p.add_argument("--engines", type=_positive(int), default=1, help="simulated engines")
+    p.add_argument(
+        "--locality-threshold", type=_positive(int, zero=True), default=DEFAULT_LOCALITY_THRESHOLD,
+        help="with --lb locality: prompt tokens above which a call sticks to its program's"
+        " engine (0: every call), as the router's option",
+    )  # fmt: skip
     p.add_argument(
         "--preset", choices=sorted(PRESETS), default="a100-llama8b",
         help="the engine model: GPU and model, step costs, batch and KV cache (docs/simulator.md)",
@@ -268,6 +277,7 @@ def _run(args: argparse.Namespace) -> int:
             args.policy,
             engines=args.engines,
             lb=args.lb,
+            locality_threshold=args.locality_threshold,
             preset=args.preset,
             max_num_seqs=args.max_num_seqs,
             config=config,
@@ -299,6 +309,7 @@ def _sweep(args: argparse.Namespace) -> int:
                 args.workload,
                 args.policies,
                 lbs=args.lb,
+                locality_threshold=args.locality_threshold,
                 engines=args.engines,
                 preset=args.preset,
                 duration=args.duration,

@@ -37,6 +37,7 @@ from ..policy import (
     make_policy,
     policy_name,
 )
+from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..registry import lookup
 from ..stats import percentile
 from ..workloads.trace import CallSpec, ProgramSpec
@@ -444,7 +445,7 @@ def simulate(
     preset: str | EnginePreset = "a100-llama8b",
     max_num_seqs: int | None = None,
     config: PolicyConfig | None = None,
-    locality_threshold: int = 2048,
+    locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD,
     stop_above: float | None = None,
     kv_offload_gib: float | None = None,
     end_programs: bool = True,

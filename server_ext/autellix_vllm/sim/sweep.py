@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..policy import PolicyConfig
+from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..workloads import ProgramSpec, generate, get_workload
 from .presets import EnginePreset, get_preset
 from .run import simulate
@@ -51,6 +52,7 @@ class SweepSetup:
     max_context: int | None = None  # the workload's context cap (None: its default)
     end_programs: bool = True  # clients end their programs (see simulate)
     retention_hints: bool = False  # clients send retention hints (see simulate)
+    locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD  # the locality balancer's (see simulate)
 
     def trace(self, rate: float) -> list[ProgramSpec]:
         count = self.programs or max(1, round(rate * self.duration))
@@ -73,6 +75,7 @@ def run_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, An
         policy,
         engines=setup.engines,
         lb=lb,
+        locality_threshold=setup.locality_threshold,
         preset=setup.preset,
         max_num_seqs=setup.max_num_seqs,
         config=setup.config,
@@ -139,6 +142,7 @@ def sweep(
     policies: Sequence[str],
     *,
     lbs: Sequence[str] = ("round-robin",),
+    locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD,
     engines: int = 1,
     preset: str | EnginePreset = "a100-llama8b",
     duration: float | None = None,
@@ -164,7 +168,7 @@ def sweep(
     setup = SweepSetup(
         workload, seed, engines, preset, max_num_seqs, config or PolicyConfig(), window, programs,
         kv_offload_gib=kv_offload_gib, max_context=max_context, end_programs=end_programs,
-        retention_hints=retention_hints,
+        retention_hints=retention_hints, locality_threshold=locality_threshold,
     )  # fmt: skip
     cap = capacity_rate(setup)
     runs = [(p if len(lbs) == 1 else f"{p}/{lb}", p, lb) for p in policies for lb in lbs]
