@@ -115,15 +115,17 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
         PARSE, "starts a Ray cluster and engines"),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 64"
     " --seed 10 --policies vllm-opt,autellix": (PARSE, _SWEEP),
+    "autellix simulate sweep --workload W --preset a100-llama8b-kv --engines 4 --lb locality"
+    " --locality-threshold 0 --seed N --policies vllm-opt,autellix": (FORM, "sweeps of minutes"),
     "python bench/experiments/tier_bound.py --seeds 0,1,2,3,4 --gib 256": (
         PARSE, "sweeps of half an hour"),
+    # docs/simulator.md
     "python bench/experiments/table_staleness.py --engines 16 --seeds 10-14 --duration 10": (
         PARSE, "simulations of minutes"),
     "python bench/experiments/table_staleness.py --engines 64 --seeds 10,11 --duration 10": (
         PARSE, "simulations of half an hour"),
     "python bench/experiments/table_staleness.py --engines 16 --seeds 10,11 --duration 10"
     " --lb round-robin": (PARSE, "simulations of minutes"),
-    # docs/simulator.md
     "autellix simulate run --workload W --policy P --rate R [--programs N] [--engines E --lb L]": (
         FORM, "the command's form"),
     "autellix simulate sweep --workload W --policies P1,P2 [--lb L1,L2 --engines E --preset S]": (
