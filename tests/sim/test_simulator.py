@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from autellix_vllm.policy import POLICY_NAMES, Levels, PolicyConfig, ServiceMeter
+from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from autellix_vllm.sim import SIM_POLICIES, CallSpec, ProgramSpec, generate, simulate
 from autellix_vllm.sim.sweep import SweepSetup, run_at
 from autellix_vllm.workloads import WORKLOAD_SPECS, WORKLOADS, WorkloadSpec
@@ -251,6 +252,7 @@ def test_sweep_finds_a_max_rate_and_plots(tmp_path):
     )
     assert set(result["max_rate"]) == {"vllm-opt", "autellix"}
     assert result["ratio"]["vllm-opt"] == 1.0
+    assert result["locality_threshold"] == DEFAULT_LOCALITY_THRESHOLD  # says how it routed
     for curve in curves:
         passing = [r for r, m in curve.points if m["avg_latency_per_token"] <= result["slo"]]
         assert curve.max_rate == max(passing)

@@ -187,6 +187,7 @@ def sweep(
         "workload": workload,
         "preset": get_preset(preset).name,
         "engines": engines,
+        "locality_threshold": locality_threshold,
         "duration": None if programs else window,
         "programs": programs,
         "seed": seed,
