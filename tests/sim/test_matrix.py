@@ -1,8 +1,12 @@
 """The matrix of the default against the other policies (``autellix simulate matrix``)."""
 
+from dataclasses import replace
+
 import pytest
 from autellix_vllm.cli import main
+from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.sim.matrix import MATRIX_SETTINGS, EngineSetting, matrix, setting, verdict
+from autellix_vllm.sim.sweep import run_at
 
 
 def test_a_setting_reads_as_its_label_writes_it():
@@ -59,3 +63,25 @@ def test_the_matrix_wants_the_baseline_first_and_the_default_among_the_policies(
     code = main(["simulate", "matrix", "--workloads", "bfcl", "--policies", "vllm-opt,mlfq"])
     assert code == 2
     assert "name vllm-opt first and autellix among the policies" in capsys.readouterr().err
+
+
+def test_the_matrix_routes_several_engines_with_the_locality_threshold_it_is_given():
+    # bfcl's calls are short: at 0 every call sticks to its program's engine and
+    # finds its prefix cached there, so the baseline's highest rate is higher.
+    def cell(threshold):
+        (result,) = matrix(
+            ["bfcl"], [setting("a100-llama8b-kvx2")], policies=["vllm-opt", "autellix"],
+            duration=8, multiples=[1.0], workers=1, locality_threshold=threshold,
+        )  # fmt: skip
+        assert result["locality_threshold"] == threshold
+        return result
+
+    bound, spread = cell(0), cell(10**9)
+    assert bound["max_rate"]["vllm-opt"] > spread["max_rate"]["vllm-opt"]
+    # The fixed-rate runs route as the sweep did.
+    where = setting("a100-llama8b-kvx2")
+    assert where.sweep_setup("bfcl", 0, PolicyConfig()).locality_threshold == 2048
+    point = bound["latency"][1.0]
+    setup = replace(where, locality_threshold=0).sweep_setup("bfcl", 0, PolicyConfig(), 8)
+    again = run_at(setup, "vllm-opt", "locality", point["rate"])
+    assert again["avg_latency_per_token"] == point["vllm-opt"]

@@ -82,6 +82,14 @@ def _per_workload(value: str) -> str:
     return ", ".join(f"{name} {getattr(spec, value):g}" for name, spec in WORKLOAD_SPECS.items())
 
 
+def _add_locality_threshold(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--locality-threshold", type=_positive(int, zero=True), default=DEFAULT_LOCALITY_THRESHOLD,
+        help="with locality balancing: prompt tokens above which a call sticks to its"
+        " program's engine (0: every call), as the router's option",
+    )  # fmt: skip
+
+
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload", choices=list(WORKLOAD_SPECS), default="sharegpt",
@@ -93,11 +101,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         f"{_per_workload('programs')}; sweep: as many as --duration brings)",
     )  # fmt: skip
     p.add_argument("--engines", type=_positive(int), default=1, help="simulated engines")
-    p.add_argument(
-        "--locality-threshold", type=_positive(int, zero=True), default=DEFAULT_LOCALITY_THRESHOLD,
-        help="with --lb locality: prompt tokens above which a call sticks to its program's"
-        " engine (0: every call), as the router's option",
-    )  # fmt: skip
+    _add_locality_threshold(p)
     p.add_argument(
         "--preset", choices=sorted(PRESETS), default="a100-llama8b",
         help="the engine model: GPU and model, step costs, batch and KV cache (docs/simulator.md)",
@@ -383,6 +387,7 @@ def _add_matrix_parser(commands: argparse._SubParsersAction) -> None:
         f" (default: {','.join(f'{m:g}' for m in RATE_MULTIPLES)})",
     )  # fmt: skip
     matrix.add_argument("--seed", type=int, default=0, help="the workload generator's seed")
+    _add_locality_threshold(matrix)
     matrix.add_argument(
         "--workers", type=_positive(int), default=2, help="processes that simulate at once"
     )
@@ -395,7 +400,7 @@ def _matrix(args: argparse.Namespace) -> int:
 
     cells = matrix(
         args.workloads, args.settings, policies=args.policies, seed=args.seed,
-        multiples=args.multiples, workers=args.workers,
+        multiples=args.multiples, workers=args.workers, locality_threshold=args.locality_threshold,
     )  # fmt: skip
     if not args.json:
         print(format_header(args.policies), flush=True)

@@ -23,10 +23,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..policy import DEFAULT_POLICY, PolicyConfig
+from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..workloads import get_workload
 from .presets import get_preset
 from .sweep import SweepSetup, run_at, sweep
@@ -46,11 +47,13 @@ LATENCY_TOLERANCE = 1.05
 
 @dataclass(frozen=True)
 class EngineSetting:
-    """An engine model: a preset, optionally with a host KV tier, and an engine count."""
+    """An engine model: a preset, optionally with a host KV tier, and an engine count
+    (several: balanced by ``locality`` with ``locality_threshold``, as the router)."""
 
     preset: str
     kv_offload_gib: float | None = None
     engines: int = 1
+    locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD
 
     @property
     def label(self) -> str:
@@ -71,7 +74,8 @@ class EngineSetting:
         return SweepSetup(
             workload, seed, self.engines, self.preset, None, config,
             duration or get_workload(workload).sweep_seconds,
-            kv_offload_gib=self.kv_offload_gib, **options,
+            kv_offload_gib=self.kv_offload_gib, locality_threshold=self.locality_threshold,
+            **options,
         )  # fmt: skip
 
 
@@ -177,26 +181,31 @@ def matrix(
     multiples: Sequence[float] = RATE_MULTIPLES,
     config: PolicyConfig | None = None,
     workers: int = 2,
+    locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD,
     on_policy_done: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Each cell's result as it is done: setting, workload, max rates and ratios,
     the latency comparison at ``multiples``, and ``misses`` (see :func:`verdict`).
-    ``duration``: seconds of arrivals per trace (None: each workload's own)."""
+    ``duration``: seconds of arrivals per trace (None: each workload's own);
+    ``locality_threshold``: the router's, where a setting has several engines."""
     if policies[0] != BASELINE or DEFAULT_POLICY not in policies:
         raise ValueError(f"a matrix compares {DEFAULT_POLICY} with {BASELINE}: name"
                          f" {BASELINE} first and {DEFAULT_POLICY} among the policies")  # fmt: skip
     config = config or PolicyConfig()
     for where in settings:
+        where = replace(where, locality_threshold=locality_threshold)
         for workload in workloads:
             result, _ = sweep(
                 workload, policies, lbs=(where.lb,), engines=where.engines,
                 preset=where.preset, seed=seed, config=config, workers=workers, duration=duration,
-                kv_offload_gib=where.kv_offload_gib, on_done=on_policy_done,
+                kv_offload_gib=where.kv_offload_gib, locality_threshold=locality_threshold,
+                on_done=on_policy_done,
             )  # fmt: skip
             cell = {
                 "setting": where.label,
                 "workload": workload,
                 "seed": seed,
+                "locality_threshold": locality_threshold,
                 "slo": result["slo"],
                 "max_rate": result["max_rate"],
                 "ratio": result["ratio"],
