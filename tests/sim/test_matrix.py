@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 from autellix_vllm.cli import main
 from autellix_vllm.policy import PolicyConfig
+from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from autellix_vllm.sim.matrix import MATRIX_SETTINGS, EngineSetting, matrix, setting, verdict
 from autellix_vllm.sim.sweep import run_at
 
@@ -80,7 +81,8 @@ def test_the_matrix_routes_several_engines_with_the_locality_threshold_it_is_giv
     assert bound["max_rate"]["vllm-opt"] > spread["max_rate"]["vllm-opt"]
     # The fixed-rate runs route as the sweep did.
     where = setting("a100-llama8b-kvx2")
-    assert where.sweep_setup("bfcl", 0, PolicyConfig()).locality_threshold == 2048
+    default = where.sweep_setup("bfcl", 0, PolicyConfig())
+    assert default.locality_threshold == DEFAULT_LOCALITY_THRESHOLD
     point = bound["latency"][1.0]
     setup = replace(where, locality_threshold=0).sweep_setup("bfcl", 0, PolicyConfig(), 8)
     again = run_at(setup, "vllm-opt", "locality", point["rate"])

@@ -198,14 +198,14 @@ def matrix(
             result, _ = sweep(
                 workload, policies, lbs=(where.lb,), engines=where.engines,
                 preset=where.preset, seed=seed, config=config, workers=workers, duration=duration,
-                kv_offload_gib=where.kv_offload_gib, locality_threshold=locality_threshold,
+                kv_offload_gib=where.kv_offload_gib, locality_threshold=where.locality_threshold,
                 on_done=on_policy_done,
             )  # fmt: skip
             cell = {
                 "setting": where.label,
                 "workload": workload,
                 "seed": seed,
-                "locality_threshold": locality_threshold,
+                "locality_threshold": where.locality_threshold,
                 "slo": result["slo"],
                 "max_rate": result["max_rate"],
                 "ratio": result["ratio"],
