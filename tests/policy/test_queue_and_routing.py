@@ -99,6 +99,9 @@ def test_make_balancer():
     assert make_balancer("locality", threshold=7).threshold == 7
     with pytest.raises(ValueError, match="unknown load balancer 'random' \\(choose from round"):
         make_balancer("random")
+    assert make_balancer("locality", threshold=0).threshold == 0  # every call binds
+    with pytest.raises(ValueError, match="locality_threshold must be >= 0, got -1"):
+        make_balancer("round-robin", threshold=-1)  # refused whichever balancer is named
 
 
 def test_every_balancer_class_is_registered_under_its_name():

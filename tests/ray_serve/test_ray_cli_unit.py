@@ -33,7 +33,7 @@ def test_on_a_cluster_the_engines_do_not_split_one_hosts_cores():
 @pytest.mark.parametrize(
     "argv",
     [("--replicas", "0"), ("--allow-remote-upstreams",), ("--max-num-seqs", "0"),
-     ("--engine-gpus", "-1")],
+     ("--engine-gpus", "-1"), ("--locality-threshold", "-1")],
 )  # fmt: skip
 def test_bad_flags_are_usage_errors(argv):
     with pytest.raises(UsageError):

@@ -19,6 +19,7 @@ SERVE = [sys.executable, "-m", "autellix_vllm"]
         ["serve", "--lb", "random"],
         ["serve", "--api-key", "k", "--upstream", "http://10.9.9.9:8000"],
         ["serve", "--upstream", "http://127.0.0.1:9/v1"],
+        ["serve", "--upstream", "http://127.0.0.1:9", "--locality-threshold", "-1"],
         ["ps", "--url", "http://127.0.0.1:9"],
         ["serve", "--policy", "srpt"],
         ["serve", "--upstream", "http://127.0.0.1:9", "--policy", "plas"],

@@ -219,6 +219,7 @@ def test_config_refuses_bad_values():
         RouterConfig(upstreams=("http://10.1.2.3:8000",), api_key="k")
     RouterConfig(upstreams=("http://10.1.2.3:8000",), api_key="k", allow_remote_upstreams=True)
     RouterConfig(upstreams=("http://localhost:8000", "http://[::1]:8001"), api_key="k")
+    RouterConfig(upstreams=("http://h:1",), locality_threshold=0)  # every program bound
     for bad in (
         {"upstreams": ()},
         {"upstreams": ("ftp://x",)},
@@ -226,6 +227,7 @@ def test_config_refuses_bad_values():
         {"upstreams": ("http://h:1", "http://h:1/")},
         {"upstreams": ("http://h:1",), "balancer": "random"},
         {"upstreams": ("http://h:1",), "max_body_bytes": 0},
+        {"upstreams": ("http://h:1",), "locality_threshold": -1},
     ):
         with pytest.raises(ValueError):
             RouterConfig(**bad)

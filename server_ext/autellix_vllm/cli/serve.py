@@ -152,7 +152,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         "--locality-threshold",
         type=int,
         default=DEFAULT_LOCALITY_THRESHOLD,
-        help="prompt tokens above which a call sticks to its program's engine",
+        help="prompt tokens above which a call sticks to its program's engine (0: every call)",
     )
     parser.add_argument(
         "--chars-per-token",

@@ -170,5 +170,10 @@ BALANCER_NAMES = tuple(BALANCERS)
 
 
 def make_balancer(name: str, threshold: int = DEFAULT_LOCALITY_THRESHOLD) -> Balancer:
-    """Build a balancer by name (``threshold``: the locality rule's prompt tokens)."""
+    """Build a balancer by name (``threshold``: the locality rule's prompt tokens).
+
+    A ValueError for an unknown name or a negative threshold: every front end
+    (router, Ray Serve, simulator) checks its settings by building one."""
+    if threshold < 0:
+        raise ValueError(f"locality_threshold must be >= 0, got {threshold}")
     return lookup(BALANCERS, name, "load balancer").build(threshold)

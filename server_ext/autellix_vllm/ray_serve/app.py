@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD
+from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD, make_balancer
 from autellix_vllm.ray_serve._ray_adapter import RequestRouterConfig, serve
 from autellix_vllm.ray_serve.directory import ProgramDirectory
 from autellix_vllm.ray_serve.engine_replica import EngineReplica
@@ -66,6 +66,8 @@ class RayServeConfig:
             raise ValueError("max_ongoing_calls and max_ongoing_ingress_calls must be at least 1")
         if self.engine_cpus < 0 or self.engine_gpus < 0:
             raise ValueError("engine_cpus and engine_gpus must be >= 0")
+        if self.router == "autellix":
+            make_balancer(self.balancer, self.locality_threshold)
         if isinstance(self.ingress, dict):
             self.ingress = IngressSettings(**self.ingress)
 

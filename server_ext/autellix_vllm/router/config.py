@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
-from autellix_vllm.policy.routing import BALANCERS, DEFAULT_LOCALITY_THRESHOLD
-from autellix_vllm.registry import lookup
+from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD, make_balancer
 from autellix_vllm.router.keys import KeyRing, check_key, load_api_keys
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -96,9 +95,8 @@ class RouterConfig:
                     "with API keys, engines must be on loopback (the router's requests to"
                     f" them are not encrypted): {remote[0]}"
                 )
-        lookup(BALANCERS, self.balancer, "load balancer")
+        make_balancer(self.balancer, self.locality_threshold)
         positive = {
-            "locality_threshold": self.locality_threshold,
             "chars_per_token": self.chars_per_token,
             "max_body_bytes": self.max_body_bytes,
             "health_interval_s": self.health_interval_s,
