@@ -6,7 +6,14 @@ import pytest
 from autellix_vllm.cli import main
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD
-from autellix_vllm.sim.matrix import MATRIX_SETTINGS, EngineSetting, matrix, setting, verdict
+from autellix_vllm.sim.matrix import (
+    MATRIX_SETTINGS,
+    EngineSetting,
+    format_header,
+    matrix,
+    setting,
+    verdict,
+)
 from autellix_vllm.sim.sweep import run_at
 
 
@@ -87,3 +94,9 @@ def test_the_matrix_routes_several_engines_with_the_locality_threshold_it_is_giv
     setup = replace(where, locality_threshold=0).sweep_setup("bfcl", 0, PolicyConfig(), 8)
     again = run_at(setup, "vllm-opt", "locality", point["rate"])
     assert again["avg_latency_per_token"] == point["vllm-opt"]
+
+
+def test_the_text_header_says_how_several_engines_are_routed():
+    lines = format_header(["vllm-opt", "autellix"], 0).splitlines()
+    assert lines[0].endswith("several engines routed by locality, threshold 0 prompt tokens")
+    assert lines[1].split()[:4] == ["SETTING", "WORKLOAD", "vllm-o", "autell"]

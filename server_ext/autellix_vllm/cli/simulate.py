@@ -403,7 +403,7 @@ def _matrix(args: argparse.Namespace) -> int:
         multiples=args.multiples, workers=args.workers, locality_threshold=args.locality_threshold,
     )  # fmt: skip
     if not args.json:
-        print(format_header(args.policies), flush=True)
+        print(format_header(args.policies, args.locality_threshold), flush=True)
     misses = 0
     try:
         for cell in cells:
