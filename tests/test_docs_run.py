@@ -115,10 +115,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
         PARSE, "starts a Ray cluster and engines"),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 64"
     " --seed 10 --policies vllm-opt,autellix": (PARSE, _SWEEP),
-    "autellix simulate matrix --seed 10 --locality-threshold 0 --workloads W --settings S": (
+    "autellix simulate matrix --seed 10 --locality-threshold 2048 --workloads W --settings S": (
         FORM, "a cell takes minutes to an hour"),
     "autellix simulate sweep --workload W --preset a100-llama8b-kv --engines 4 --lb locality"
-    " --locality-threshold 0 --seed 1 --policies vllm-opt,autellix": (FORM, "sweeps of minutes"),
+    " --locality-threshold 2048 --seed 1 --policies vllm-opt,autellix": (FORM, "sweeps of minutes"),
     "python bench/experiments/tier_bound.py --seeds 0,1,2,3,4 --gib 256": (
         PARSE, "sweeps of half an hour"),
     # docs/simulator.md

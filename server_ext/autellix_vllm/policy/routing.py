@@ -23,7 +23,11 @@ from typing import ClassVar
 
 from ..registry import lookup
 
-DEFAULT_LOCALITY_THRESHOLD = 2048
+# Every program is bound to the engine of its first call. The paper's 2048
+# spreads a program's short calls over the engines, each prefilling its context
+# again; on four simulated engines binding raised vllm-opt's highest rate up to
+# 2.1x and ended the default policy's two losses there (docs/benchmarks.md).
+DEFAULT_LOCALITY_THRESHOLD = 0
 
 # Balancer name -> class, in the order the classes below are defined.
 BALANCERS: dict[str, type[Balancer]] = {}
@@ -105,7 +109,8 @@ class Locality(Balancer):
     (any engine caches short shared prefixes well); a longer one goes to the
     engine its program is bound to, binding it to the least-loaded engine on
     first use, so the program's long context is reused rather than recomputed.
-    A binding to an engine that is no longer offered (dead) is replaced.
+    With the default threshold 0 every call is "long": each program stays on one
+    engine. A binding to an engine that is no longer offered (dead) is replaced.
     """
 
     name = "locality"
