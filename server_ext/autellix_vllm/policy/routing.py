@@ -25,8 +25,8 @@ from ..registry import lookup
 
 # Every program is bound to the engine of its first call. The paper's 2048
 # spreads a program's short calls over the engines, each prefilling its context
-# again; on four simulated engines binding raised vllm-opt's highest rate up to
-# 2.1x and ended the default policy's two losses there (docs/benchmarks.md).
+# again; binding won or tied every cell of the simulated four-engine matrix
+# (figures in docs/benchmarks.md, "Routing on four engines").
 DEFAULT_LOCALITY_THRESHOLD = 0
 
 # Balancer name -> class, in the order the classes below are defined.
