@@ -121,6 +121,9 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --locality-threshold 2048 --seed 1 --policies vllm-opt,autellix": (FORM, "sweeps of minutes"),
     "python bench/experiments/tier_bound.py --seeds 0,1,2,3,4 --gib 256": (
         PARSE, "sweeps of half an hour"),
+    "python bench/experiments/size_bound.py --workload agent --preset a100-llama8b-kv"
+    " --kv-offload-gib 256 --seeds 0,1,10 --policies vllm-opt,autellix,srpt --orders gittins": (
+        PARSE, "sweeps of minutes"),
     # docs/simulator.md
     "python bench/experiments/table_staleness.py --engines 16 --seeds 10-14 --duration 10": (
         PARSE, "simulations of minutes"),

@@ -4,7 +4,7 @@ import json
 import sys
 
 import pytest
-from autellix_vllm.engine import launcher
+from autellix_vllm.engine import launcher, models
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, EngineStartError
 from autellix_vllm.engine.models import ModelSpec
 from autellix_vllm.engine.reaper import group_members
@@ -122,12 +122,22 @@ def test_auto_device_is_cpu_for_the_tiny_model(monkeypatch):
     assert EngineConfig(model="/m").resolved_device() == "cpu"
 
 
-def test_the_models_flags_come_before_the_users_so_the_user_wins():
+def test_the_models_flags_come_before_the_users_so_the_user_wins(monkeypatch):
+    monkeypatch.setattr(models, "cpu_computes_bfloat16", lambda: True)
     real = ModelSpec("/cache/smollm2", "SmolLM2-135M-Instruct", dtype="bfloat16")
     cmd = launcher.server_command(EngineConfig(extra_args=["--dtype", "float32"]), real, 1)
     assert flag(cmd, "--served-model-name") == "SmolLM2-135M-Instruct"
     assert cmd[-4:] == ["--dtype", "bfloat16", "--dtype", "float32"]  # vLLM takes the last
     assert "--load-format" not in cmd
+
+
+def test_a_bfloat16_model_is_served_in_float32_on_a_cpu_without_bfloat16(monkeypatch):
+    monkeypatch.setattr(models, "cpu_computes_bfloat16", lambda: False)
+    real = ModelSpec("/cache/smollm2", "SmolLM2-135M-Instruct", dtype="bfloat16")
+    cpu = launcher.server_command(EngineConfig(device="cpu"), real, 1)
+    assert flag(cpu, "--dtype") == "float32"
+    gpu = launcher.server_command(EngineConfig(model="/cache/smollm2", device="gpu"), real, 1)
+    assert flag(gpu, "--dtype") == "bfloat16"
 
 
 def test_environment_allowlists_both_plugins_and_keeps_user_plugins(monkeypatch):

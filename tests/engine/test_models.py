@@ -138,11 +138,11 @@ def test_registry_resolves_names_and_passes_paths_through(converted, cache):
     assert smollm2 == ModelSpec(
         str(converted), "SmolLM2-135M-Instruct", dtype="bfloat16", tool_call_parser="hermes"
     )
-    assert smollm2.vllm_args() == ["--dtype", "bfloat16"]
+    assert smollm2.vllm_args("gpu") == ["--dtype", "bfloat16"]
 
     tiny = resolve_model("tiny", cache)
     assert tiny.served_name == "autellix-tiny"
-    assert tiny.vllm_args() == ["--dtype", "float32", "--load-format", "dummy"]
+    assert tiny.vllm_args("cpu") == ["--dtype", "float32", "--load-format", "dummy"]
     assert (cache / "tiny-llama-v2" / "config.json").is_file()
 
     assert resolve_model("/models/llama") == ModelSpec("/models/llama", "/models/llama")
@@ -182,6 +182,35 @@ def test_missing_package_says_how_to_install_it(monkeypatch):
         models.smollm2_gguf_path()
 
 
+X86_AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n"
+X86_AMX = "flags\t\t: avx2 avx512f avx512_bf16 amx_tile amx_bf16\n"
+ARM_BF16 = "Features\t: fp asimd sve bf16 i8mm\n"
+ARM_OLD = "Features\t: fp asimd evtstrm crc32\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "native"),
+    [(X86_AVX2, False), (X86_AMX, True), (ARM_BF16, True), (ARM_OLD, False), ("", False)],
+)
+def test_bfloat16_arithmetic_is_read_off_the_cpu_flags(tmp_path, cpuinfo, native):
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    assert models.cpu_computes_bfloat16(path) is native
+
+
+def test_no_cpuinfo_means_float32(tmp_path):
+    assert models.cpu_computes_bfloat16(tmp_path / "absent") is False
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bfloat16_model_runs_in_float32_on_a_cpu_without_bfloat16(monkeypatch, native):
+    monkeypatch.setattr(models, "cpu_computes_bfloat16", lambda: native)
+    spec = ModelSpec("/m", "m", dtype="bfloat16")
+    assert spec.vllm_args("cpu") == ["--dtype", "bfloat16" if native else "float32"]
+    assert spec.vllm_args("gpu") == ["--dtype", "bfloat16"]  # the GPU's CPU does not matter
+    assert ModelSpec("/m", "m").vllm_args("cpu") == []  # vLLM's own choice stays
+
+
 @pytest.fixture(scope="module")
 def smollm2_engine(cache, tmp_path_factory):
     pytest.importorskip("vllm")
@@ -191,7 +220,7 @@ def smollm2_engine(cache, tmp_path_factory):
     config = EngineConfig(
         model=spec.path,
         served_model_name=spec.served_name,
-        extra_args=spec.vllm_args(),
+        extra_args=spec.vllm_args("cpu"),
         tool_call_parser=spec.tool_call_parser,
         port=0,
         max_num_seqs=4,

@@ -242,7 +242,7 @@ def server_command(config: EngineConfig, model: ModelSpec, port: int) -> list[st
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     # The model's own flags (dtype, dummy weights) before the user's: vLLM takes
     # the last value of a flag, so the user's extra arguments win.
-    return cmd + model.vllm_args() + list(config.extra_args)
+    return cmd + model.vllm_args(device) + list(config.extra_args)
 
 
 def device_args(config: EngineConfig, device: str) -> list[str]:
