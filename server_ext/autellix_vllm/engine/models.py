@@ -23,9 +23,9 @@ once into a folder under the cache: the weights dequantized by the ``gguf``
 package's own reader, the config and the tokenizer (with its chat template) by
 transformers' GGUF reader. It is stored in bfloat16 and served in bfloat16 on a
 GPU or a CPU that computes in it (AVX512-BF16 or AMX on x86, BF16 on Arm), where
-it ran 1.6-2x the tokens/s of float32; in float32 on any other CPU, where
-PyTorch emulates bfloat16 and float32 ran 5.5x the prefill and 3.3x the decode
-tokens/s (an AVX2 AMD EPYC, :func:`cpu_computes_bfloat16`).
+it is faster than float32; in float32 on any other CPU, where PyTorch emulates
+bfloat16 several times slower (:func:`cpu_computes_bfloat16`; docs/benchmarks.md,
+"The model's number format on a CPU").
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class ModelSpec:
     def vllm_args(self, device: str) -> list[str]:
         """The vLLM flags this model needs on ``device`` (``cpu`` or ``gpu``), beside
         ``--model`` and ``--served-model-name``. A bfloat16 model runs in float32 on
-        a CPU without bfloat16 arithmetic, where PyTorch emulates it 3-5x slower."""
+        a CPU without bfloat16 arithmetic, where PyTorch emulates it several times slower."""
         args: list[str] = []
         dtype = self.dtype
         if dtype == "bfloat16" and device == "cpu" and not cpu_computes_bfloat16():
