@@ -9,7 +9,8 @@ from autellix_vllm.engine.middleware import IdentityMiddleware
 from autellix_vllm.protocol import identity, paths
 from autellix_vllm.protocol.openai_errors import error_body
 from autellix_vllm.router.calls import read_call
-from autellix_vllm.router.errors import ApiError, error_response
+from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.middlewares import error_response
 from multidict import CIMultiDict
 
 

@@ -55,12 +55,7 @@ from autellix_vllm.router.calls import Call, parse_json_object, read_call
 from autellix_vllm.router.config import DEFAULT_MAX_BODY_BYTES
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing, load_api_keys
-from autellix_vllm.router.routes import (
-    DEFAULT_PAGE_SIZE,
-    MAX_PAGE_SIZE,
-    program_name,
-    query_int,
-)
+from autellix_vllm.router.params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, program_name, query_int
 from autellix_vllm.router.usage import SseRelay, service_from_body
 
 log = logging.getLogger("autellix.ray_serve")
@@ -263,7 +258,7 @@ class Ingress:
 
     async def _relay(self, call: Call, sent: _Sent) -> AsyncIterator[bytes]:
         chunks = _Chunks()
-        relay = SseRelay(chunks, self.meter, drop_usage=call.usage_injected)  # type: ignore[arg-type]
+        relay = SseRelay(chunks, self.meter, drop_usage=call.usage_injected)
         completed = False
         try:
             await relay.feed(sent.first)

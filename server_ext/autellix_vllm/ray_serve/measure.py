@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from autellix_vllm.protocol.paths import PROGRAMS_PATH
+from autellix_vllm.protocol.paths import CHAT_COMPLETIONS_PATH, PROGRAMS_PATH
 from autellix_vllm.ray_serve._ray_adapter import ray, serve
 from autellix_vllm.ray_serve.app import RayServeConfig, build_app
 from autellix_vllm.ray_serve.ingress import IngressSettings
@@ -151,7 +151,7 @@ def breakdown(calls: int) -> dict[str, Any]:
         body = {"model": _model(ray_client), "max_tokens": 1,
                 "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
         engine_call = EngineCall(
-            path="/v1/chat/completions", raw=json.dumps(body).encode(),
+            path=CHAT_COMPLETIONS_PATH, raw=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"}, stream=False,
             program_key="breakdown", prompt_tokens=2,
         )  # fmt: skip
@@ -163,16 +163,17 @@ def breakdown(calls: int) -> dict[str, Any]:
         }
         stages = {
             "ray_path": lambda: ray_client.post(
-                "/v1/chat/completions", json=body, headers=program["ray"]
+                CHAT_COMPLETIONS_PATH, json=body, headers=program["ray"]
             ),
-            "ray_path_without_program": lambda: ray_client.post("/v1/chat/completions", json=body),
+            "ray_path_without_program": lambda: ray_client.post(CHAT_COMPLETIONS_PATH, json=body),
             "router_path": lambda: router_client.post(
-                "/v1/chat/completions", json=body, headers=program["router"]
+                CHAT_COMPLETIONS_PATH, json=body, headers=program["router"]
             ),
             "serve_proxy": lambda: ray_client.get("/answer"),
             "directory_round_trip": lambda: directory.apply.remote([]).result(),
-            "engine_replica": lambda: engines.options(session_id="breakdown")
-            .answer.remote(engine_call).result(),
+            "engine_replica": lambda: (
+                engines.options(session_id="breakdown").answer.remote(engine_call).result()
+            ),
         }
         latencies: dict[str, list[float]] = {name: [] for name in stages}
         for _ in range(5):  # warm-up: connections, caches
@@ -205,13 +206,13 @@ def _calls_per_second(base_url: str, clients: int, seconds: float) -> float:
 
     def send(index: int, model: str, deadline: float) -> int:
         with httpx.Client(base_url=base_url, timeout=120) as client:
-            pid = client.post("/autellix/v1/programs").json()["program_id"]
+            pid = client.post(PROGRAMS_PATH).json()["program_id"]
             body = {"model": model, "max_tokens": 1,
                     "messages": [{"role": "user", "content": f"hi {index}"}]}  # fmt: skip
             answered = 0
             while time.perf_counter() < deadline:
                 answer = client.post(
-                    "/v1/chat/completions", json=body, headers={"X-Autellix-Program-Id": pid}
+                    CHAT_COMPLETIONS_PATH, json=body, headers={"X-Autellix-Program-Id": pid}
                 )
                 answer.raise_for_status()
                 answered += 1
@@ -253,7 +254,7 @@ def throughput(clients: int, seconds: float, rounds: int, ingress_replicas: int)
 
 def _run_program(base_url: str, model: str, index: int, calls: int) -> dict[str, Any]:
     with httpx.Client(base_url=base_url, timeout=120) as client:
-        pid = client.post("/autellix/v1/programs").json()["program_id"]
+        pid = client.post(PROGRAMS_PATH).json()["program_id"]
         system = f"program {index}: " + "".join(chr(97 + (index * 7 + i) % 26) for i in range(180))
         messages = [{"role": "system", "content": system}]
         prompt = cached = 0
@@ -261,7 +262,7 @@ def _run_program(base_url: str, model: str, index: int, calls: int) -> dict[str,
         for call in range(calls):
             messages.append({"role": "user", "content": f"step {call}: go on"})
             answer = client.post(
-                "/v1/chat/completions",
+                CHAT_COMPLETIONS_PATH,
                 json={"model": model, "messages": messages, "max_tokens": 12},
                 headers={"X-Autellix-Program-Id": pid, "X-Autellix-Call-Id": f"c{call}"},
             )
@@ -275,7 +276,7 @@ def _run_program(base_url: str, model: str, index: int, calls: int) -> dict[str,
             )
         latency = time.perf_counter() - started
         time.sleep(0.3)  # the last report reaches the directory
-        rows = client.get("/autellix/v1/programs", params={"limit": 1000}).json()["programs"]
+        rows = client.get(PROGRAMS_PATH, params={"limit": 1000}).json()["programs"]
         row = next(r for r in rows if r["program_id"] == pid)
         return {"latency_s": latency, "prompt": prompt, "cached": cached,
                 "replicas": len(row["engines"])}  # fmt: skip

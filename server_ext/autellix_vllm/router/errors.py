@@ -3,18 +3,18 @@
 The body is :func:`autellix_vllm.protocol.openai_errors.error_body`, the same the engines
 send: ``{"error": {"message", "type", "param", "code"}}`` with ``type`` derived
 from the status and ``code`` a short machine-readable name such as
-``model_not_found`` or ``program_ended``. Errors from an engine are not made
+``model_not_found`` or ``program_ended``. Plain Python (the Ray Serve ingress
+raises the same errors); ``middlewares.error_response`` writes one as aiohttp's
+response. Errors from an engine are not made
 here: they pass through with the engine's status and message, their body put
 in this shape (``dispatch``, :func:`autellix_vllm.protocol.openai_errors.normalized_error`).
 """
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from autellix_vllm.protocol.openai_errors import error_body
 
-__all__ = ["ApiError", "error_body", "error_response"]
+__all__ = ["ApiError", "error_body"]
 
 
 class ApiError(Exception):
@@ -26,12 +26,3 @@ class ApiError(Exception):
         self.message = message
         self.code = code
         self.param = param
-
-
-def error_response(error: ApiError) -> web.Response:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return web.json_response(
-        error_body(error.status, error.message, error.code, error.param),
-        status=error.status,
-        headers=headers,
-    )

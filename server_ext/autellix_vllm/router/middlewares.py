@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from autellix_vllm.protocol.bearer import INVALID_KEY_CODE
-from autellix_vllm.protocol.openai_errors import status_error_code
-from autellix_vllm.router.errors import ApiError, error_response
+from autellix_vllm.protocol.openai_errors import error_body, status_error_code
+from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing
 from autellix_vllm.router.metrics import RouterMetrics
 
@@ -80,6 +80,16 @@ def _answer(error: ApiError, request: web.Request, metrics: RouterMetrics) -> we
     else:
         log.warning("%s: %d %s: %s", where, error.status, error.code, error.message)
     return error_response(error)
+
+
+def error_response(error: ApiError) -> web.Response:
+    """``error`` as the response a client gets (a 401 says how to authenticate)."""
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return web.json_response(
+        error_body(error.status, error.message, error.code, error.param),
+        status=error.status,
+        headers=headers,
+    )
 
 
 def _from_http_error(error: web.HTTPException, request: web.Request, limit: int) -> ApiError:

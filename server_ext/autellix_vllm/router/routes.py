@@ -37,13 +37,10 @@ from autellix_vllm.router.calls import parse_json_object, read_call
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import Client
 from autellix_vllm.router.middlewares import caller
+from autellix_vllm.router.params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, program_name, query_int
 from autellix_vllm.router.state import STATE, RouterState
 
-MAX_NAME_LENGTH = 256
 END_ON_ENGINE_TIMEOUT_S = 5.0
-# Programs per page of GET /autellix/v1/programs: by default, and at most.
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 1000
 
 
 def add_routes(app: web.Application) -> None:
@@ -87,20 +84,6 @@ async def open_program(request: web.Request) -> web.Response:
     return web.json_response(
         {"program_id": record.program_id, "name": record.name, "created": record.created_s}
     )
-
-
-def program_name(name: object) -> str | None:
-    """A program's name: printable (it is shown in terminals) and not too long."""
-    if name is None or name == "":
-        return None
-    if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH or not name.isprintable():
-        raise ApiError(
-            400,
-            f"name must be a string of at most {MAX_NAME_LENGTH} printable characters",
-            "invalid_name",
-            "name",
-        )
-    return name
 
 
 async def end_program(request: web.Request) -> web.Response:
@@ -194,23 +177,6 @@ def _query_int(
     request: web.Request, name: str, default: int | None, low: int, high: int | None
 ) -> int | None:
     return query_int(request.query.get(name), name, default, low, high)
-
-
-def query_int(
-    text: str | None, name: str, default: int | None, low: int, high: int | None
-) -> int | None:
-    """The query parameter ``name`` (``text``, None if absent) as an integer from
-    ``low`` to ``high`` (None: no upper bound); a 400 ``invalid_parameter`` if not."""
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if value < low or (high is not None and value > high):
-        bounds = f"{low} to {high}" if high is not None else f"at least {low}"
-        raise ApiError(400, f"{name} must be an integer, {bounds}", "invalid_parameter", name)
-    return value
 
 
 async def list_engines(request: web.Request) -> web.Response:

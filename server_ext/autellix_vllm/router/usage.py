@@ -11,16 +11,16 @@ with ``stream_options.include_usage``; dropped again when the client had not
 asked for it) or the ``response.completed`` event of a response stream (with
 the response's id). A
 stream that ends before its usage (the client left, the engine broke) is
-charged an estimate: one token per event relayed, plus its prompt.
+charged an estimate: one token per event relayed, plus its prompt. Plain
+Python: the relay writes to anything with an async ``write`` (aiohttp's
+response in the router, a buffer in the Ray Serve ingress).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
-from aiohttp import web
+from typing import Any, Protocol
 
 from autellix_vllm.policy.config import ServiceMeter
 
@@ -61,10 +61,16 @@ def read_answer(payload: bytes, meter: ServiceMeter) -> tuple[float | None, str 
     return service, answer_id if isinstance(answer_id, str) else None
 
 
+class EventWriter(Protocol):
+    """Where :class:`SseRelay` writes the events it passes on."""
+
+    async def write(self, data: bytes) -> None: ...
+
+
 class SseRelay:
     """Copies a server-sent-event stream to the client event by event, noting usage."""
 
-    def __init__(self, response: web.StreamResponse, meter: ServiceMeter, drop_usage: bool):
+    def __init__(self, response: EventWriter, meter: ServiceMeter, drop_usage: bool):
         self.response = response
         self.meter = meter
         self.drop_usage = drop_usage
