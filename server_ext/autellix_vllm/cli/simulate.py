@@ -23,7 +23,7 @@ from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..sim.presets import PRESETS
 from ..sim.run import SIM_POLICIES, simulate
 from ..workloads import AGENT_MAX_CONTEXT, WORKLOAD_SPECS, generate, get_workload
-from ..workloads.trace import load_trace
+from ..workloads.trace_formats import AUTO, TRACE_FORMATS, import_trace
 
 # The units of ``simulate run``'s results, printed after each value.
 RUN_UNITS = {
@@ -198,7 +198,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--lb", choices=BALANCER_NAMES, default="round-robin",
         help="how calls are spread over --engines",
     )  # fmt: skip
-    run.add_argument("--trace", help="JSONL trace to replay instead of --workload (default: none)")
+    run.add_argument(
+        "--trace",
+        help="JSONL trace to replay instead of --workload: the project's, Mooncake's or"
+        " Dynamo's format (docs/simulator.md) (default: none)",
+    )
+    run.add_argument(
+        "--trace-format", choices=[AUTO, *TRACE_FORMATS], default=AUTO,
+        help="the --trace file's format (default: auto, detected from its rows)",
+    )  # fmt: skip
     run.add_argument(
         "--table-sync-s", type=_positive(float),
         help="calls see their program's service over all engines as the Ray Serve"
@@ -272,7 +280,7 @@ def _run(args: argparse.Namespace) -> int:
     config = _config(args)
     try:
         if args.trace:
-            programs = load_trace(args.trace)
+            programs = import_trace(args.trace, args.trace_format)
         else:
             n = args.programs or get_workload(args.workload).programs
             programs = generate(args.workload, n, args.rate, args.seed, args.max_context)

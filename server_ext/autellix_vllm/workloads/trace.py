@@ -85,7 +85,8 @@ def _call_json(call: CallSpec) -> dict[str, Any]:
     return out
 
 
-def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+def required_field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``obj[key]``, which must be there and of ``kind`` (a bool is never a number)."""
     if key not in obj:
         raise TraceError(f"{where}: missing key {key!r}")
     value = obj[key]
@@ -98,11 +99,11 @@ def parse_program(obj: Any, where: str) -> ProgramSpec:
     """Validate one decoded trace line into a :class:`ProgramSpec`."""
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: a program must be a JSON object")
-    pid = str(_field(obj, "program_id", (str, int), where))
-    arrival = float(_field(obj, "arrival", (int, float), where))
+    pid = str(required_field(obj, "program_id", (str, int), where))
+    arrival = float(required_field(obj, "arrival", (int, float), where))
     if arrival < 0:
         raise TraceError(f"{where}: arrival must be >= 0")
-    raw_calls = _field(obj, "calls", list, where)
+    raw_calls = required_field(obj, "calls", list, where)
     if not raw_calls:
         raise TraceError(f"{where}: program {pid!r} has no calls")
     calls: list[CallSpec] = []
@@ -111,14 +112,14 @@ def parse_program(obj: Any, where: str) -> ProgramSpec:
         at = f"{where}, call {n}"
         if not isinstance(raw, dict):
             raise TraceError(f"{at}: a call must be a JSON object")
-        cid = str(_field(raw, "id", (str, int), at))
+        cid = str(required_field(raw, "id", (str, int), at))
         if cid in seen:
             raise TraceError(f"{at}: duplicate call id {cid!r}")
         after = tuple(str(a) for a in raw.get("after", []) or [])
         for dep in after:
             if dep not in seen:
                 raise TraceError(f"{at}: 'after' names {dep!r}, which is not an earlier call")
-        decode = _field(raw, "decode_tokens", int, at)
+        decode = required_field(raw, "decode_tokens", int, at)
         prompt = raw.get("prompt_tokens", 0)
         gap = raw.get("tool_gap", 0.0)
         if decode < 1:
@@ -150,30 +151,44 @@ def parse_program(obj: Any, where: str) -> ProgramSpec:
     return ProgramSpec(pid, arrival, tuple(calls), kind=str(obj.get("kind", "")), owner=owner)
 
 
-def load_trace(path: str | Path) -> list[ProgramSpec]:
-    """Read a JSONL trace; blank lines are skipped, anything malformed is a TraceError."""
-    programs: list[ProgramSpec] = []
-    ids: set[str] = set()
+def read_rows(path: str | Path) -> list[tuple[str, Any]]:
+    """The decoded JSON lines of a trace file, each with where it is (``file:line``);
+    blank lines are skipped. Every trace format (``trace_formats``) reads through it."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
+    rows: list[tuple[str, Any]] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
         try:
-            obj = json.loads(line)
+            rows.append((where, json.loads(line)))
         except json.JSONDecodeError as exc:
             raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not rows:
+        raise TraceError(f"{path}: the trace is empty")
+    return rows
+
+
+def programs_from_rows(rows: list[tuple[str, Any]]) -> list[ProgramSpec]:
+    """Programs of this module's format, one a row; program ids must be unique."""
+    programs: list[ProgramSpec] = []
+    ids: set[str] = set()
+    for where, obj in rows:
         program = parse_program(obj, where)
         if program.program_id in ids:
             raise TraceError(f"{where}: duplicate program_id {program.program_id!r}")
         ids.add(program.program_id)
         programs.append(program)
-    if not programs:
-        raise TraceError(f"{path}: the trace has no programs")
     return programs
+
+
+def load_trace(path: str | Path) -> list[ProgramSpec]:
+    """Read a JSONL trace of this module's format; anything malformed is a TraceError.
+    ``trace_formats.import_trace`` also reads Mooncake and Dynamo traces."""
+    return programs_from_rows(read_rows(path))
 
 
 def write_trace(programs: Iterable[ProgramSpec], path: str | Path) -> None:
