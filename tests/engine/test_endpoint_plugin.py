@@ -4,7 +4,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from autellix_vllm.engine.endpoint_plugin import TableCache, TableCollector, build_router  # noqa: E402
+from autellix_vllm.engine.endpoint_plugin import build_router  # noqa: E402
+from autellix_vllm.engine.metrics import TableCache, TableCollector  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
@@ -61,3 +62,22 @@ def test_limit_and_failure_counters_are_labelled_metrics():
     assert [(s.labels, s.value) for s in over] == [({"limit": "max_fork_depth"}, 16)]
     assert {s.labels["hook"]: s.value for s in failures} == {"base": 3, "charge": 1}
     assert {s.labels["reason"]: s.value for s in waiters} == cache.snapshot["waiter_preemptions"]
+
+
+def test_the_holds_are_gauges_and_one_counter_by_event():
+    cache = TableCache()
+    residency = {"held_programs": 2, "held_blocks": 40, "holds_granted": 5, "holds_broken": 1}
+    cache.snapshot = {"programs": [], "queue_depth": [0], "residency": residency}
+    families = {family.name: family for family in TableCollector(cache).collect()}
+    assert families["autellix_held_blocks"].samples[0].value == 40
+    assert families["autellix_held_programs"].samples[0].value == 2
+    events = families["autellix_holds"].samples
+    assert {s.labels["event"]: s.value for s in events} == {"granted": 5, "broken": 1}
+    assert {s.name for s in events} == {"autellix_holds_total"}
+
+
+def test_every_family_is_described_before_the_first_snapshot():
+    collector = TableCollector(TableCache())
+    described = {family.name for family in collector.describe()}
+    assert {"autellix_holds", "autellix_held_blocks", "autellix_queue_depth"} <= described
+    assert list(collector.collect()) == []

@@ -18,30 +18,24 @@ calls; see :mod:`autellix_vllm.engine.general_plugin`). Routes:
 On an engine with a key (:func:`~autellix_vllm.engine.settings.engine_key`)
 both answer 401 to a caller without ``Authorization: Bearer <key>``.
 
-It also puts the table's counters on vLLM's Prometheus ``/metrics`` as
-``autellix_*`` series, refreshed from the engine every ``REFRESH_INTERVAL_S``.
-(With ``--api-server-count > 1`` vLLM serves a multiprocess registry that these
-series do not reach.)
+It also puts the table's counters and the engine's holds on vLLM's Prometheus
+``/metrics`` as ``autellix_*`` series (:mod:`autellix_vllm.engine.metrics`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 from argparse import Namespace
-from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
-from prometheus_client import REGISTRY
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from autellix_vllm.engine import _vllm_adapter as adapter
-from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD, TABLE_METHOD
+from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD
+from autellix_vllm.engine.metrics import TableCache, register_metrics
 from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol.bearer import INVALID_KEY_CODE, holds_key
 from autellix_vllm.protocol.identity import IdentityError, validate_id
@@ -52,49 +46,10 @@ from autellix_vllm.protocol.paths import (
     ENGINE_TABLE_PATH,
 )
 
-logger = logging.getLogger(__name__)
-
-REFRESH_INTERVAL_S = 1.0
 # Error code of a server started without an engine client.
 NO_ENGINE = "no_engine"
 # Error code of a malformed query (as the router's for its own queries).
 INVALID_PARAMETER = "invalid_parameter"
-
-# Monotonic counters of the snapshot -> (metric name, help).
-COUNTERS = {
-    "preemptions": ("autellix_preemptions", "Running calls preempted (both kinds)"),
-    "kv_preemptions": (
-        "autellix_kv_preemptions",
-        "Running calls vLLM preempted when KV blocks ran out (the others: for better waiters)",
-    ),
-    "promotions": ("autellix_promotions", "Waiting calls promoted by anti-starvation"),
-    "demotions": ("autellix_demotions", "Calls demoted a level after spending their quantum"),
-    "calls_admitted": ("autellix_calls_admitted", "Calls registered in the process table"),
-    "calls_finished": ("autellix_calls_finished", "Calls completed (including aborts)"),
-    "calls_aborted": ("autellix_calls_aborted", "Calls aborted before completing"),
-    "calls_without_identity": (
-        "autellix_calls_without_identity",
-        "Calls that arrived without a program id (each ran as its own program)",
-    ),
-}
-# Monotonic counters of the snapshot by a label -> (metric name, help, label).
-LABELLED_COUNTERS = {
-    "calls_over_limit": (
-        "autellix_calls_over_limit",
-        "Calls that would have crossed a program limit (each ran as its own program)",
-        "limit",
-    ),
-    "hook_failures": (
-        "autellix_hook_failures",
-        "Failures of the Autellix scheduler confined to one call, by hook",
-        "hook",
-    ),
-    "waiter_preemptions": (
-        "autellix_waiter_preemptions",
-        "Running calls preempted for a better-level waiting call, by what it lacked",
-        "reason",
-    ),
-}
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
@@ -104,70 +59,7 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
     )
 
 
-class TableCache:
-    """The latest table snapshot, for the synchronous Prometheus collector."""
-
-    def __init__(self) -> None:
-        self.snapshot: dict[str, Any] = {}
-
-    async def refresh(
-        self, engine_client: Any, program_ids: list[str] | None = None
-    ) -> dict[str, Any]:
-        """The table (with only ``program_ids``' rows, if given), kept for the collector
-        (which reads its counters, the same in every form)."""
-        self.snapshot = await adapter.call_engine_utility(engine_client, TABLE_METHOD, program_ids)
-        return self.snapshot
-
-    async def refresh_forever(self, engine_client: Any) -> None:
-        while True:
-            try:
-                await self.refresh(engine_client, [])  # the summary: counters, no rows
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the engine may be starting or gone; try again later
-                logger.debug("autellix table refresh failed", exc_info=True)
-            await asyncio.sleep(REFRESH_INTERVAL_S)
-
-
-class TableCollector(Collector):
-    def __init__(self, cache: TableCache) -> None:
-        self.cache = cache
-
-    def collect(self) -> Iterator[Any]:
-        snapshot = self.cache.snapshot
-        if "queue_depth" not in snapshot:  # not fetched yet, or stock vLLM's scheduler
-            return
-        count = snapshot.get("programs_count", len(snapshot.get("programs", ())))
-        yield GaugeMetricFamily("autellix_programs", "Programs in the process table", count)
-        yield GaugeMetricFamily(
-            "autellix_running_calls", "Calls in the running batch", snapshot.get("running", 0)
-        )
-        depth = GaugeMetricFamily(
-            "autellix_queue_depth", "Waiting calls per priority level", labels=["level"]
-        )
-        for level, count in enumerate(snapshot.get("queue_depth", [])):
-            depth.add_metric([str(level)], count)
-        yield depth
-        for key, (name, help_text) in COUNTERS.items():
-            if key in snapshot:
-                yield CounterMetricFamily(name, help_text, snapshot[key])
-        for key, (name, help_text, label) in LABELLED_COUNTERS.items():
-            counter = CounterMetricFamily(name, help_text, labels=[label])
-            for value, count in snapshot.get(key, {}).items():
-                counter.add_metric([value], count)
-            yield counter
-
-
 _cache = TableCache()
-_collector: TableCollector | None = None
-
-
-def register_metrics() -> None:
-    """Register the collector on the default registry, once per process."""
-    global _collector
-    if _collector is None:
-        _collector = TableCollector(_cache)
-        REGISTRY.register(_collector)
 
 
 def build_router(key: str | None = None) -> APIRouter:
@@ -260,7 +152,7 @@ class AutellixEndpointPlugin:
         state.autellix_engine_client = engine_client
         if engine_client is None:
             return
-        register_metrics()
+        register_metrics(_cache)
         if self._refresher is None:
             self._refresher = asyncio.get_running_loop().create_task(
                 _cache.refresh_forever(engine_client), name="autellix-table-refresh"
