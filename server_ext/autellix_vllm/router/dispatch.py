@@ -37,7 +37,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import aiohttp
@@ -48,7 +48,7 @@ from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
 from autellix_vllm.protocol.identity import IDENTITY_HEADERS
 from autellix_vllm.protocol.openai_errors import error_body, normalized_error
-from autellix_vllm.protocol.paths import RESPONSES_PATH
+from autellix_vllm.router.admission import admit, answered, prior_service, states_prior_service
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.derived import ProgramDeriver
@@ -56,12 +56,7 @@ from autellix_vllm.router.engines import Engine, EnginePool
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.metrics import RouterMetrics
-from autellix_vllm.router.programs import (
-    ProgramLimitExceeded,
-    ProgramRecord,
-    ProgramTable,
-    TooManyPrograms,
-)
+from autellix_vllm.router.programs import ProgramRecord, ProgramTable
 from autellix_vllm.router.usage import SseRelay, read_answer
 
 log = logging.getLogger("autellix.router")
@@ -151,9 +146,17 @@ class Dispatcher:
     ) -> web.StreamResponse:
         """Answer ``call`` for ``caller``; ``started`` is when the router got it
         (``perf_counter``)."""
-        record = self._call_arrived(call, caller, request.headers)
-        # Whose fair share of held KV the call draws on: its program's owner.
-        call.identity = replace(call.identity, owner=record.owner if record else caller.owner)
+        admitted = admit(
+            self.programs,
+            self.deriver,
+            call.identity,
+            caller,
+            call.path,
+            call.body,
+            request.headers,
+        )
+        record = admitted.record
+        call.identity = admitted.identity
         if record is None:
             self.metrics.calls_without_program.inc()
             key = f"anonymous-{next(self._anonymous)}"
@@ -171,7 +174,8 @@ class Dispatcher:
                     service=outcome.charged(call.prompt_tokens),
                     completed=outcome.completed,
                 )
-                self._answered(call, record, outcome)
+                response_id = outcome.relay.response_id if outcome.relay else outcome.response_id
+                answered(self.deriver, record, call.path, outcome.completed, response_id)
             else:
                 self.balancer.forget(key)
         assert outcome.response is not None
@@ -207,42 +211,6 @@ class Dispatcher:
         (by routes that bind, see ``ProgramTable.routed``), so each binds anew."""
         for record in self.programs.bound_to(engine.name):
             self.balancer.forget(record.program_id)
-
-    def _call_arrived(
-        self, call: Call, caller: Client, headers: Mapping[str, str]
-    ) -> ProgramRecord | None:
-        """The record of the call's program, counting the call; None for a call
-        without one. The table's refusals (ended, another key's, limits, a
-        reused call id) are raised as they are for a program the client named;
-        a derived one that the table refuses runs the call without a program
-        (the client asked for none)."""
-        if call.identity.program_id is not None:
-            return self.programs.call_arrived(call.identity, caller)
-        if self.deriver is None:
-            return None
-        derived = self.deriver.derive(call.path, call.body, headers, caller.owner)
-        if derived is None:
-            return None
-        identity = replace(call.identity, program_id=derived.program_id)
-        try:
-            record = self.programs.call_arrived(identity, caller, name=derived.name)
-        except (TooManyPrograms, ProgramLimitExceeded) as refusal:
-            log.info("running a call without a program: %s", refusal)
-            self.deriver.refused(derived)
-            return None
-        call.identity = identity
-        self.deriver.opened(derived, record)
-        return record
-
-    def _answered(self, call: Call, record: ProgramRecord, outcome: Outcome) -> None:
-        """What the deriver learns from a finished call: that its program was
-        active, and a response's id (a later ``previous_response_id``)."""
-        if self.deriver is None:
-            return
-        self.deriver.touch(record)
-        response_id = outcome.relay.response_id if outcome.relay else outcome.response_id
-        if call.path == RESPONSES_PATH and outcome.completed and response_id is not None:
-            self.deriver.answered(record.program_id, record.owner, response_id)
 
     async def _send_with_retries(
         self,
@@ -312,9 +280,9 @@ class Dispatcher:
 
     def _prior_service(self, record: ProgramRecord | None, engine: Engine) -> float | None:
         """The program's service over all engines, for an engine that counts in tokens."""
-        if record is None or record.service <= 0 or engine.service_unit not in (None, "tokens"):
+        if record is None or not states_prior_service(engine.service_unit):
             return None
-        return round(min(record.service, self.config.limits.max_prior_service), 3)
+        return prior_service(record.service, self.config.table.limits)
 
     async def _send_whole(
         self,
