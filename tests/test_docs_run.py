@@ -66,6 +66,11 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix simulate run --trace figure2.jsonl --preset unit --max-num-seqs 2 --policy plas"
     " --levels $(seq -s, 0 63) --beta 1e9 --prefill-weight 0 --json": (RUN, '"total_wait": 12.0'),
     "autellix simulate bench-policy --json": (RUN, "median_ms_per_step"),
+    "cat > chats.jsonl <<'EOF'": (RUN, ""),
+    "autellix simulate run --trace chats.jsonl --policy vllm-opt --json": (
+        RUN, '"calls_completed": 6'),
+    "autellix simulate run --trace chats.jsonl --policy autellix --json": (
+        RUN, '"calls_completed": 6'),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --policies"
     " vllm-opt,plas-atlas,autellix --json": (PARSE, _SWEEP),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --kv-offload-gib 256"
