@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from autellix_vllm.engine.endpoint_plugin import build_router  # noqa: E402
-from autellix_vllm.engine.metrics import TableCache, TableCollector  # noqa: E402
+from autellix_vllm.engine.metrics import TableCollector  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
@@ -47,28 +47,26 @@ def test_the_key_holder_and_any_caller_of_an_engine_without_a_key_get_through(me
 
 
 def test_limit_and_failure_counters_are_labelled_metrics():
-    cache = TableCache()
-    cache.snapshot = {
+    snapshot = {
         "programs": [],
         "queue_depth": [0],
         "calls_over_limit": {"max_fork_depth": 16},
         "hook_failures": {"base": 3, "charge": 1},
         "waiter_preemptions": {"seat": 2, "kv_blocks": 1, "token_budget": 0},
     }
-    families = {family.name: family for family in TableCollector(cache).collect()}
+    families = {family.name: family for family in TableCollector(lambda: snapshot).collect()}
     over = families["autellix_calls_over_limit"].samples
     failures = families["autellix_hook_failures"].samples
     waiters = families["autellix_waiter_preemptions"].samples
     assert [(s.labels, s.value) for s in over] == [({"limit": "max_fork_depth"}, 16)]
     assert {s.labels["hook"]: s.value for s in failures} == {"base": 3, "charge": 1}
-    assert {s.labels["reason"]: s.value for s in waiters} == cache.snapshot["waiter_preemptions"]
+    assert {s.labels["reason"]: s.value for s in waiters} == snapshot["waiter_preemptions"]
 
 
 def test_the_holds_are_gauges_and_one_counter_by_event():
-    cache = TableCache()
     residency = {"held_programs": 2, "held_blocks": 40, "holds_granted": 5, "holds_broken": 1}
-    cache.snapshot = {"programs": [], "queue_depth": [0], "residency": residency}
-    families = {family.name: family for family in TableCollector(cache).collect()}
+    snapshot = {"programs": [], "queue_depth": [0], "residency": residency}
+    families = {family.name: family for family in TableCollector(lambda: snapshot).collect()}
     assert families["autellix_held_blocks"].samples[0].value == 40
     assert families["autellix_held_programs"].samples[0].value == 2
     events = families["autellix_holds"].samples
@@ -77,7 +75,7 @@ def test_the_holds_are_gauges_and_one_counter_by_event():
 
 
 def test_every_family_is_described_before_the_first_snapshot():
-    collector = TableCollector(TableCache())
+    collector = TableCollector(dict)  # no snapshot fetched yet
     described = {family.name for family in collector.describe()}
     assert {"autellix_holds", "autellix_held_blocks", "autellix_queue_depth"} <= described
     assert list(collector.collect()) == []

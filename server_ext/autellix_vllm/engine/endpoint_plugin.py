@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from argparse import Namespace
 from typing import Any
@@ -34,8 +35,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from autellix_vllm.engine import _vllm_adapter as adapter
-from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD
-from autellix_vllm.engine.metrics import TableCache, register_metrics
+from autellix_vllm.engine.general_plugin import END_PROGRAM_METHOD, TABLE_METHOD
+from autellix_vllm.engine.metrics import register_metrics
 from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol.bearer import INVALID_KEY_CODE, holds_key
 from autellix_vllm.protocol.identity import IdentityError, validate_id
@@ -46,6 +47,9 @@ from autellix_vllm.protocol.paths import (
     ENGINE_TABLE_PATH,
 )
 
+logger = logging.getLogger(__name__)
+
+REFRESH_INTERVAL_S = 1.0
 # Error code of a server started without an engine client.
 NO_ENGINE = "no_engine"
 # Error code of a malformed query (as the router's for its own queries).
@@ -57,6 +61,31 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
     return JSONResponse(
         error_body(status, message, code, param), status_code=status, headers=headers
     )
+
+
+class TableCache:
+    """The latest table snapshot, for the synchronous Prometheus collector."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] = {}
+
+    async def refresh(
+        self, engine_client: Any, program_ids: list[str] | None = None
+    ) -> dict[str, Any]:
+        """The table (with only ``program_ids``' rows, if given), kept for the collector
+        (which reads its counters, the same in every form)."""
+        self.snapshot = await adapter.call_engine_utility(engine_client, TABLE_METHOD, program_ids)
+        return self.snapshot
+
+    async def refresh_forever(self, engine_client: Any) -> None:
+        while True:
+            try:
+                await self.refresh(engine_client, [])  # the summary: counters, no rows
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the engine may be starting or gone; try again later
+                logger.debug("autellix table refresh failed", exc_info=True)
+            await asyncio.sleep(REFRESH_INTERVAL_S)
 
 
 _cache = TableCache()
@@ -152,7 +181,7 @@ class AutellixEndpointPlugin:
         state.autellix_engine_client = engine_client
         if engine_client is None:
             return
-        register_metrics(_cache)
+        register_metrics(lambda: _cache.snapshot)
         if self._refresher is None:
             self._refresher = asyncio.get_running_loop().create_task(
                 _cache.refresh_forever(engine_client), name="autellix-table-refresh"

@@ -2,9 +2,10 @@
 
 vLLM's API server serves its default registry at ``/metrics``; the endpoint
 plugin registers :class:`TableCollector` there once per process
-(:func:`register_metrics`). The collector reads the latest table snapshot
-(:class:`TableCache`, refreshed from the engine about once a second), so a
-scrape never waits for the engine.
+(:func:`register_metrics`). The collector reads the latest table snapshot the
+plugin keeps (refreshed from the engine about once a second), so a scrape never
+waits for the engine. This module needs only prometheus-client: what the
+engines export can be read without vLLM (a dashboard's test does).
 
 Series (counters end in ``_total`` on the wire):
 
@@ -24,21 +25,12 @@ series do not reach.)
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from autellix_vllm.engine import _vllm_adapter as adapter
-from autellix_vllm.engine.general_plugin import TABLE_METHOD
-
-logger = logging.getLogger(__name__)
-
-REFRESH_INTERVAL_S = 1.0
 
 # Monotonic counters of the snapshot -> (metric name, help).
 COUNTERS = {
@@ -91,39 +83,14 @@ HOLDS = (
 )
 
 
-class TableCache:
-    """The latest table snapshot, for the synchronous Prometheus collector."""
-
-    def __init__(self) -> None:
-        self.snapshot: dict[str, Any] = {}
-
-    async def refresh(
-        self, engine_client: Any, program_ids: list[str] | None = None
-    ) -> dict[str, Any]:
-        """The table (with only ``program_ids``' rows, if given), kept for the collector
-        (which reads its counters, the same in every form)."""
-        self.snapshot = await adapter.call_engine_utility(engine_client, TABLE_METHOD, program_ids)
-        return self.snapshot
-
-    async def refresh_forever(self, engine_client: Any) -> None:
-        while True:
-            try:
-                await self.refresh(engine_client, [])  # the summary: counters, no rows
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the engine may be starting or gone; try again later
-                logger.debug("autellix table refresh failed", exc_info=True)
-            await asyncio.sleep(REFRESH_INTERVAL_S)
-
-
 class TableCollector(Collector):
-    """The series of the module docstring, from ``cache``'s snapshot."""
+    """The series of the module docstring, from the table snapshot ``latest`` gives."""
 
-    def __init__(self, cache: TableCache) -> None:
-        self.cache = cache
+    def __init__(self, latest: Callable[[], dict[str, Any]]) -> None:
+        self.latest = latest
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self.cache.snapshot
+        snapshot = self.latest()
         if "queue_depth" not in snapshot:  # not fetched yet, or stock vLLM's scheduler
             return iter(())
         return families(snapshot)
@@ -185,9 +152,10 @@ def _labelled_counter(
 _collector: TableCollector | None = None
 
 
-def register_metrics(cache: TableCache) -> None:
-    """Register a collector of ``cache`` on the default registry, once per process."""
+def register_metrics(latest: Callable[[], dict[str, Any]]) -> None:
+    """Register a collector of the snapshots ``latest`` gives on the default
+    registry, once per process."""
     global _collector
     if _collector is None:
-        _collector = TableCollector(cache)
+        _collector = TableCollector(latest)
         REGISTRY.register(_collector)

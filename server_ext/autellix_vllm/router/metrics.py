@@ -11,7 +11,11 @@ Series (all prefixed ``autellix_router_``):
 * ``engine_healthy{engine}`` (1/0) and ``engine_load{engine}`` (the load signal);
 * ``errors_total{code}``: errors the router answered itself (4xx/5xx, by code);
 * ``proxy_overhead_seconds``: time a non-streaming call spent in the router
-  itself (its handling time minus the time waiting for the engine).
+  itself (its handling time minus the time waiting for the engine);
+* ``call_seconds{key}``: a generation call's latency, from the router getting
+  it to its answer relayed in full (a stream's last event), by the name of the
+  caller's key (``anonymous`` on a router without keys): what each client
+  waits for a call, wherever the time went.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05,
     0.1, 0.5,
+)  # fmt: skip
+# A call's latency: from a cache hit's few milliseconds to a long generation's minutes.
+CALL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
 
 
@@ -72,7 +80,15 @@ class RouterMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
+        self.call_seconds = Histogram(
+            "autellix_router_call_seconds",
+            "Latency of a generation call, from its arrival to its answer relayed, by key name",
+            ["key"],
+            buckets=CALL_BUCKETS,
+            registry=r,
+        )
         self._calls_by_route: dict[tuple[str, str], Counter] = {}
+        self._latency_by_key: dict[str, Histogram] = {}
 
     def routed(self, engine: str, reason: str) -> None:
         """Count a call sent to ``engine`` for ``reason`` (labelled children are cached)."""
@@ -80,6 +96,13 @@ class RouterMetrics:
         if child is None:
             child = self._calls_by_route[(engine, reason)] = self.calls.labels(engine, reason)
         child.inc()
+
+    def answered(self, key_name: str, seconds: float) -> None:
+        """Observe the latency of a call answered for the key named ``key_name``."""
+        child = self._latency_by_key.get(key_name)
+        if child is None:
+            child = self._latency_by_key[key_name] = self.call_seconds.labels(key_name)
+        child.observe(seconds)
 
     def retried(self, failed_engine: str) -> None:
         self.retries.labels(failed_engine).inc()

@@ -68,7 +68,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         state.pool.models(),
         state.config.chars_per_token,
     )
-    return await state.dispatcher.handle(request, call, started, caller(request))
+    client = caller(request)
+    response = await state.dispatcher.handle(request, call, started, client)
+    state.metrics.answered(client.name, time.perf_counter() - started)
+    return response
 
 
 async def list_models(request: web.Request) -> web.Response:
