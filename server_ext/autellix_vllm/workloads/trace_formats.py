@@ -303,19 +303,18 @@ def programs_from_dynamo(rows: Rows) -> list[ProgramSpec]:
     members: dict[int, list[_Turn]] = {}
     for turn in turns:
         members.setdefault(groups.find(turn.group), []).append(turn)
-    programs = [_session_program(group, turns) for group in members.values()]
+    programs = [_session_program(linked, turns) for linked in members.values()]
     return sorted(programs, key=lambda p: p.arrival)
 
 
 def _session_program(members: list[_Turn], turns: list[_Turn]) -> ProgramSpec:
-    """One program of Dynamo rows (``members``, in file order)."""
+    """One program: ``members`` (linked turns, in file order) of all ``turns``."""
     main = members[0].session
     roots_ms = [t.request.timestamp_ms or 0.0 for t in members if not t.waits_for]
     arrival_ms = min(roots_ms)
     parent_of: dict[str, str | None] = {main: None}
     calls = []
     for turn in members:
-        thread = "main" if turn.session == main else turn.session
         if turn.session not in parent_of:
             spawner = turns[turn.waits_for[0]] if turn.waits_for else None
             parent_of[turn.session] = None if spawner is None else _thread(spawner, main)
@@ -324,7 +323,7 @@ def _session_program(members: list[_Turn], turns: list[_Turn]) -> ProgramSpec:
                 id=turn.request_id,
                 decode_tokens=turn.request.decode_tokens,
                 prompt_tokens=turn.prompt_tokens,
-                thread=thread,
+                thread=_thread(turn, main),
                 parent_thread=parent_of[turn.session],
                 after=tuple(turns[i].request_id for i in turn.waits_for),
                 tool_gap=turn.gap_s
@@ -337,6 +336,7 @@ def _session_program(members: list[_Turn], turns: list[_Turn]) -> ProgramSpec:
 
 
 def _thread(turn: _Turn, main_session: str) -> str:
+    """A turn's thread: ``main`` for the program's first session, else its session."""
     return "main" if turn.session == main_session else turn.session
 
 
