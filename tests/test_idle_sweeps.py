@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from autellix_vllm.policy.bounded import SWEEP_BATCH, IdleTable, swept_all
-from autellix_vllm.policy.config import PolicyConfig
+from autellix_vllm.policy.config import PolicyConfig, TableBounds
 from autellix_vllm.policy.core import ProgramScheduler
 from autellix_vllm.policy.policies import PLAS
 from autellix_vllm.protocol.identity import CallIdentity
@@ -52,7 +52,7 @@ def test_the_default_sweep_is_bounded():
 
 
 def test_the_engine_scheduler_sweeps_each_step_until_the_flood_is_gone():
-    core = ProgramScheduler(PLAS(), PolicyConfig(idle_ttl_s=10.0))
+    core = ProgramScheduler(PLAS(), PolicyConfig(table=TableBounds(idle_ttl_s=10.0)))
     flood = 2 * SWEEP_BATCH + 10
     for i in range(flood):
         core.table.open(f"p{i}", now_s=0.0)
@@ -69,7 +69,7 @@ def test_the_engine_scheduler_sweeps_each_step_until_the_flood_is_gone():
 
 def test_the_router_sweeps_batches_in_the_background_between_requests():
     now = [0.0]
-    table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
+    table = ProgramTable(TableBounds(idle_ttl_s=60, ended_ids_kept=3), clock=lambda: now[0])
     flood = 3 * SWEEP_BATCH + 1
     for i in range(flood):
         record = table.call_arrived(CallIdentity(f"p{i}", call_id="c"))
@@ -104,7 +104,7 @@ def test_a_sweep_that_compacts_the_opening_order_counts_each_program_once():
     # again, and the owner's order was deleted while it still had programs
     # (KeyError on the next sweep or end, a 500 for whoever opened a program).
     now = [0.0]
-    table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
+    table = ProgramTable(TableBounds(idle_ttl_s=60, ended_ids_kept=3), clock=lambda: now[0])
     for i in range(3000):
         record = table.call_arrived(CallIdentity(f"p{i}", call_id="c"))
         table.call_finished(record, "c", engine=None, service=None, completed=True)

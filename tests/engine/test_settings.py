@@ -9,7 +9,7 @@ from autellix_vllm.engine.settings import (
     engine_policy,
     settings_env,
 )
-from autellix_vllm.policy import Levels, PolicyConfig, ProgramLimits
+from autellix_vllm.policy import Levels, PolicyConfig, ProgramLimits, TableBounds
 
 
 def test_unset_and_empty_variables_keep_the_defaults():
@@ -34,9 +34,10 @@ def test_every_variable_is_read():
     assert settings.policy == "plas"
     config = settings.config
     assert (config.beta, config.levels.boundaries) == (2.5, (0.0, 4.0, 8.0))
-    assert (config.meter.unit, config.idle_ttl_s) == ("time", 30.0)
-    assert config.limits == ProgramLimits(max_threads=100, max_fork_depth=8, max_live_calls=50)
-    assert settings.trust_prior_service
+    assert (config.meter.unit, config.table.idle_ttl_s) == ("time", 30.0)
+    limits = ProgramLimits(max_threads=100, max_fork_depth=8, max_live_calls=50)
+    assert config.table.limits == limits
+    assert settings.trusts_router_fields
     core = settings.core(seats=4)
     assert core.policy.name == "plas" and core.config == config
 
@@ -85,14 +86,23 @@ def test_settings_env_writes_what_from_env_reads():
     assert settings_env() == {}
 
 
-def test_settings_env_carries_the_limits():
-    limits = ProgramLimits(max_threads=10, max_fork_depth=2, max_live_calls=3)
-    settings = SchedulerSettings.from_env(settings_env(limits=limits))
-    assert settings.config.limits == limits
+def test_settings_env_carries_the_table_bounds_an_engine_keeps():
+    limits = ProgramLimits(max_threads=10, max_fork_depth=2, max_live_calls=3,
+                           max_prior_service=5e6)  # fmt: skip
+    table = TableBounds(idle_ttl_s=42.5, limits=limits, max_programs=7)
+    settings = SchedulerSettings.from_env(settings_env(table=table))
+    # The counts of programs are the router's: an engine keeps the idle TTL and limits.
+    assert settings.config.table == TableBounds(idle_ttl_s=42.5, limits=limits)
+
+
+def test_a_prior_service_bound_must_be_a_finite_positive_number():
+    for bad in ("inf", "0", "-1", "lots"):
+        with pytest.raises(SettingError, match="AUTELLIX_MAX_PRIOR_SERVICE"):
+            SchedulerSettings.from_env({"AUTELLIX_MAX_PRIOR_SERVICE": bad})
 
 
 def test_only_an_engine_with_a_key_trusts_prior_service():
     assert engine_key({}) is None and engine_key({"AUTELLIX_ENGINE_KEY": ""}) is None
     assert engine_key({"AUTELLIX_ENGINE_KEY": "k"}) == "k"
-    assert not SchedulerSettings.from_env({}).trust_prior_service
-    assert SchedulerSettings.from_env({"AUTELLIX_ENGINE_KEY": "k"}).trust_prior_service
+    assert not SchedulerSettings.from_env({}).trusts_router_fields
+    assert SchedulerSettings.from_env({"AUTELLIX_ENGINE_KEY": "k"}).trusts_router_fields

@@ -1,7 +1,7 @@
 """The fork rule and the program limits: one rule, the engine's table and the router's."""
 
 import pytest
-from autellix_vllm.policy import PLAS, PolicyConfig, ProcessTable, ProgramLimits, ProgramScheduler
+from autellix_vllm.policy import PLAS, PolicyConfig, ProgramLimits, ProgramScheduler, TableBounds
 from autellix_vllm.policy.forks import NewThread, limit_crossed, new_threads
 from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.programs import ProgramLimitExceeded, ProgramTable
@@ -54,8 +54,8 @@ CALLS = [  # (thread, parent): programs that start with and without a main threa
     "limits", [ProgramLimits(), ProgramLimits(max_fork_depth=2), ProgramLimits(max_threads=4)]
 )
 def test_the_engine_and_the_router_grow_and_refuse_a_program_alike(calls, limits):
-    engine = ProgramScheduler(PLAS(), PolicyConfig(limits=limits), ProcessTable(limits=limits))
-    router = ProgramTable(10, idle_ttl_s=600, limits=limits)
+    engine = ProgramScheduler(PLAS(), PolicyConfig(table=TableBounds(limits=limits)))
+    router = ProgramTable(TableBounds(idle_ttl_s=600, ended_ids_kept=10, limits=limits))
     for i, (thread, parent) in enumerate(calls):
         try:
             record = router.call_arrived(

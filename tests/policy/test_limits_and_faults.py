@@ -13,6 +13,7 @@ from autellix_vllm.policy import (
     PolicyConfig,
     ProgramLimits,
     ProgramScheduler,
+    TableBounds,
 )
 from autellix_vllm.protocol.identity import CallIdentity
 
@@ -32,7 +33,7 @@ def serve(core, call, tokens=1):
 def test_a_thread_chain_deeper_than_the_stack_is_walked_without_recursion():
     depth = sys.getrecursionlimit() + 100
     limits = ProgramLimits(max_threads=depth + 2, max_fork_depth=depth + 1)
-    core = ProgramScheduler(PlasAtlas(), PolicyConfig(limits=limits))
+    core = ProgramScheduler(PlasAtlas(), PolicyConfig(table=TableBounds(limits=limits)))
     serve(core, arrive(core, "root", "chain", thread_id="t0"))
     for k in range(1, depth + 1):
         serve(core, arrive(core, f"c{k}", "chain", thread_id=f"t{k}", parent_thread_id=f"t{k - 1}"))
@@ -49,7 +50,7 @@ def test_the_issue_chain_of_1101_threads_is_cut_at_the_fork_depth():
         call = arrive(core, f"c{k}", "chain", thread_id=f"t{k}", parent_thread_id=f"t{k - 1}")
         serve(core, call)
     join = arrive(core, "join", "chain", thread_id="t0")
-    max_depth = core.config.limits.max_fork_depth
+    max_depth = core.config.table.limits.max_fork_depth
     threads = core.table.get("chain").threads
     # Every 65th call would have forked one level too deep: it ran alone. The
     # next call names that thread as its parent, which is then created as a new
@@ -75,7 +76,7 @@ def test_the_issue_chain_of_1101_threads_is_cut_at_the_fork_depth():
     ],
 )  # fmt: skip
 def test_a_call_that_would_grow_its_program_past_a_limit_runs_alone(limits, calls, crossed):
-    core = ProgramScheduler(PLAS(), PolicyConfig(limits=limits))
+    core = ProgramScheduler(PLAS(), PolicyConfig(table=TableBounds(limits=limits)))
     placed = [
         arrive(core, f"c{i}", "P", thread_id=thread, parent_thread_id=parent)
         for i, (thread, parent) in enumerate(calls)
@@ -91,7 +92,9 @@ def test_a_call_that_would_grow_its_program_past_a_limit_runs_alone(limits, call
 
 
 def test_live_calls_beyond_the_limit_run_alone_until_one_finishes():
-    core = ProgramScheduler(PLAS(), PolicyConfig(limits=ProgramLimits(max_live_calls=2)))
+    core = ProgramScheduler(
+        PLAS(), PolicyConfig(table=TableBounds(limits=ProgramLimits(max_live_calls=2)))
+    )
     first, second = arrive(core, "a", "P"), arrive(core, "b", "P")
     extra = core.add_call(CallIdentity("P", call_id="c"), now_s=0.0, alone_id="anonymous:request-c")
     assert extra.program.program_id == "anonymous:request-c"
@@ -102,7 +105,7 @@ def test_live_calls_beyond_the_limit_run_alone_until_one_finishes():
 def test_prior_service_is_clamped_to_the_limit():
     core = ProgramScheduler(PLAS())
     call = arrive(core, "a", "P", prior_service=1e308)
-    assert call.program.attained_service == core.config.limits.max_prior_service
+    assert call.program.attained_service == core.config.table.limits.max_prior_service
 
 
 class FailsFor(PLAS):

@@ -2,7 +2,7 @@
 
 import pytest
 from autellix_vllm.policy import Autellix, PlasAtlas, PolicyConfig, Program, ProgramScheduler
-from autellix_vllm.policy.config import ResidencyConfig
+from autellix_vllm.policy.config import ResidencyConfig, TableBounds
 from autellix_vllm.policy.residency import RELOAD_SPEEDUP, Residency, undo_cost
 from autellix_vllm.policy.table import Call, ProcessTable
 from autellix_vllm.protocol.identity import CallIdentity
@@ -75,7 +75,7 @@ def test_an_ended_program_is_not_held():
 
 
 def test_the_rules_apply_once_the_live_contexts_outgrow_the_host_tier():
-    table = ProcessTable(idle_ttl_s=60.0)
+    table = ProcessTable(TableBounds(idle_ttl_s=60.0))
     table.open("c", now_s=0.0)
     table.open("a", now_s=10.0)
     table.open("b", now_s=10.0)

@@ -1,6 +1,6 @@
 """The process table: programs, threads, retries, ending and idle eviction."""
 
-from autellix_vllm.policy import PLAS, PolicyConfig, ProcessTable, ProgramScheduler
+from autellix_vllm.policy import PLAS, PolicyConfig, ProcessTable, ProgramScheduler, TableBounds
 from autellix_vllm.policy.bounded import CHARGED_CALLS_KEPT
 from autellix_vllm.protocol.identity import MAIN_THREAD_ID, CallIdentity
 
@@ -89,7 +89,7 @@ def test_end_waits_for_calls_in_flight():
 
 
 def test_idle_programs_are_evicted_and_active_ones_kept():
-    core = ProgramScheduler(PLAS(), PolicyConfig(idle_ttl_s=10.0))
+    core = ProgramScheduler(PLAS(), PolicyConfig(table=TableBounds(idle_ttl_s=10.0)))
     done = core.add_call(CallIdentity("idle", call_id="a1"), now_s=0.0)
     core.enqueue(done)
     core.start(done)
@@ -104,7 +104,7 @@ def test_idle_programs_are_evicted_and_active_ones_kept():
 
 
 def test_table_stays_bounded_under_many_programs():
-    core = ProgramScheduler(PLAS(), PolicyConfig(idle_ttl_s=1.0))
+    core = ProgramScheduler(PLAS(), PolicyConfig(table=TableBounds(idle_ttl_s=1.0)))
     for i in range(5000):
         now = i * 0.01
         call = core.add_call(CallIdentity(f"p{i}", call_id=f"c{i}"), now_s=now)

@@ -2,7 +2,7 @@
 
 import pickle
 
-from autellix_vllm.policy.config import ProgramLimits
+from autellix_vllm.policy.config import ProgramLimits, TableBounds
 from autellix_vllm.policy.routing import Route
 from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.ray_serve.directory import ProgramDirectory
@@ -52,7 +52,7 @@ def test_reports_apply_in_order_and_a_route_that_does_not_bind_leaves_the_bindin
 
 
 def test_the_prior_service_is_clamped_to_the_limit():
-    directory = ProgramDirectory(limits=ProgramLimits(max_prior_service=50.0))
+    directory = ProgramDirectory(bounds=TableBounds(limits=ProgramLimits(max_prior_service=50.0)))
     pid = directory.issue(None, ALICE)["program_id"]
     directory.admit(CallIdentity(pid, call_id="c1"), ALICE, [])
     directory.apply([report(pid, "c1", 80.0)])
@@ -60,7 +60,7 @@ def test_the_prior_service_is_clamped_to_the_limit():
 
 
 def test_refusals_are_the_routers_own_as_data():
-    directory = ProgramDirectory(max_programs_per_owner=1)
+    directory = ProgramDirectory(bounds=TableBounds(max_programs_per_key=1))
     pid = directory.issue(None, ALICE)["program_id"]
     assert directory.admit(CallIdentity(pid), BOB) == Refusal(
         404, f"no program {pid!r}", "program_not_found", "X-Autellix-Program-Id"
@@ -100,7 +100,7 @@ def test_listing_is_owner_scoped_and_the_admin_sees_all():
 
 def test_idle_programs_leave_the_table():
     now = [0.0]
-    directory = ProgramDirectory(idle_ttl_s=10.0, clock=lambda: now[0])
+    directory = ProgramDirectory(bounds=TableBounds(idle_ttl_s=10.0), clock=lambda: now[0])
     directory.issue(None, ALICE)
     now[0] = 11.0
     assert directory.evict_idle() == 1

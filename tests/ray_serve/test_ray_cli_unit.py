@@ -3,6 +3,7 @@
 import pytest
 from autellix_vllm.cli import UsageError, build_parser
 from autellix_vllm.cli.ray_serve import config_from_args
+from autellix_vllm.policy.config import TableBounds
 
 pytest.importorskip("ray")
 
@@ -22,7 +23,8 @@ def test_flags_reach_the_engines_the_router_the_directory_and_the_ingress():
     # Each replica picks its engine's port and key itself; a local cluster is one host.
     assert not {"host", "port", "api_key", "log_file"} & set(made.engine)
     assert made.engine["engines_on_host"] == 3
-    assert made.directory == {"max_programs": 50, "max_programs_per_owner": 10_000}
+    assert made.directory == {"bounds": TableBounds(max_programs=50)}
+    assert made.engine["table"] == TableBounds(max_programs=50)
     assert made.ingress.max_attempts == 2 and made.ingress.key_ring().required
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from autellix_vllm.cli.ps import format_table, human_duration
-from autellix_vllm.policy.config import ResidencyConfig, ServiceMeter
+from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.calls import estimate_prompt_tokens, read_call
 from autellix_vllm.router.errors import ApiError
@@ -96,18 +96,15 @@ def test_the_call_carries_the_identity_without_the_clients_prior_service_or_owne
     assert json.loads(call.raw)["vllm_xargs"] == {"mine": 1}
 
 
-def test_the_retention_hint_is_read_clamped_and_its_body_key_stripped():
-    bounds = ResidencyConfig()
+def test_the_retention_hint_is_read_as_sent_and_its_body_key_stripped():
+    """The engine clamps the hint to its own residency bounds; the router keeps no copy."""
     body = {"model": "m", "vllm_xargs": {"autellix_retention_ttl_s": 30, "top_k": 5}}
     call = read(body)
     assert call.identity.retention_ttl_s == 30.0
     assert json.loads(call.raw)["vllm_xargs"] == {"top_k": 5}  # the router restates it
-    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "1h"}).identity.retention_ttl_s == (
-        bounds.max_ttl_s
-    )
-    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "0"}).identity.retention_ttl_s == (
-        bounds.min_ttl_s
-    )
+    hinted = read({"model": "m"}, {"X-Autellix-Retention-Ttl": "1h"})
+    assert hinted.identity.retention_ttl_s == 3600.0
+    assert read({"model": "m"}, {"X-Autellix-Retention-Ttl": "0"}).identity.retention_ttl_s == 0
     hint = {"model": "m", "agent_hint": {"cache_control": {"ttl": "10s"}}}
     assert read(hint).identity.retention_ttl_s == 10.0
     assert read({"model": "m"}).identity.retention_ttl_s is None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from autellix_vllm.policy.config import ProgramLimits
 
 SERVE = [sys.executable, "-m", "autellix_vllm"]
 
@@ -30,6 +31,8 @@ SERVE = [sys.executable, "-m", "autellix_vllm"]
         ["engine", "--model", "meta-llama/Llama-3.1-8B-Instruct"],
         ["serve", "--model", "./no-such-folder"],
         ["engine", "--tool-call-parser", "hermes", "--no-tool-calling"],
+        ["serve", "--max-threads", "0"],
+        ["serve", "--idle-ttl", "-1"],
     ],
 )
 def test_bad_command_lines_end_with_one_line_and_code_2(arguments):
@@ -192,6 +195,25 @@ def test_serve_gives_every_engine_the_runs_key_and_the_router_the_same(monkeypat
     assert [c.api_key for c in configs] == ["run-key", "run-key"]
     router = router_config_from_args(args, ["http://127.0.0.1:1"], "run-key")
     assert (router.engine_key, router.admin_key) == ("run-key", "admin-k")
+
+
+def test_serve_gives_its_engines_the_routers_own_limits_and_idle_ttl(monkeypatch):
+    """One source: the flags make the router's table bounds, and the engines serve
+    starts read the same limits and idle TTL from the variables it writes."""
+    from autellix_vllm.cli.serve import plan_engines, router_config_from_args
+    from autellix_vllm.engine.launcher import scheduler_environment
+    from autellix_vllm.engine.settings import SchedulerSettings
+
+    monkeypatch.setenv("AUTELLIX_MAX_THREADS", "99")  # the flag wins over the inherited one
+    args = serve_args("--model", "tiny", "--engines", "2", "--max-threads", "8",
+                      "--max-fork-depth", "3", "--max-live-calls", "5", "--idle-ttl", "30",
+                      "--max-programs", "40")  # fmt: skip
+    router = router_config_from_args(args, ["http://127.0.0.1:1"], "run-key")
+    assert router.table.limits == ProgramLimits(max_threads=8, max_fork_depth=3, max_live_calls=5)
+    assert (router.table.idle_ttl_s, router.table.max_programs) == (30.0, 40)
+    for config in plan_engines(args, engine_key="run-key"):
+        engine = SchedulerSettings.from_env(scheduler_environment(config)).config.table
+        assert (engine.limits, engine.idle_ttl_s) == (router.table.limits, 30.0)
 
 
 def test_tool_calling_flags_reach_the_engine_config():

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from autellix_vllm.cli import main
 from autellix_vllm.cli import ps as ps_cli
+from autellix_vllm.policy.config import TableBounds
 from autellix_vllm.router import admin_client
 from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.programs import ProgramTable
@@ -28,7 +29,9 @@ def bearer(key: str) -> dict[str, str]:
 
 def test_the_table_keeps_the_last_ended_rows_per_owner_newest_first():
     now = [100.0]
-    table = ProgramTable(10, 600.0, clock=lambda: now[0], ended_rows_kept=2)
+    table = ProgramTable(
+        TableBounds(idle_ttl_s=600.0, ended_ids_kept=10), clock=lambda: now[0], ended_rows_kept=2
+    )
     alice, bob = Client("alice", "alice"), Client("bob", "bob")
     admin = Client("root", "root", admin=True)
     for number, owner in enumerate((alice, alice, bob, alice)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from autellix_vllm.policy.config import ProgramLimits
+from autellix_vllm.policy.config import ProgramLimits, TableBounds
 from autellix_vllm.policy.routing import Balancer, EngineLoad, Route, least_loaded, make_balancer
 from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.calls import Call
@@ -39,7 +39,7 @@ def make_dispatcher(balancer: str | Balancer = "locality", engines: int = 2) -> 
     for engine in pool.engines:
         engine.models = {MODEL: {"id": MODEL}}
         pool.mark_up(engine)
-    programs = ProgramTable(ended_ids_kept=10, idle_ttl_s=600, on_drop=chosen.forget)
+    programs = ProgramTable(TableBounds(idle_ttl_s=600, ended_ids_kept=10), on_drop=chosen.forget)
     dispatcher = Dispatcher(config, None, pool, programs, chosen, metrics)  # type: ignore[arg-type]
     pool.on_down = dispatcher.engine_down
     return dispatcher
@@ -165,7 +165,7 @@ def test_the_routing_reason_is_counted_per_engine():
 
 
 def test_issued_ids_are_unguessable_and_unique():
-    table = ProgramTable(ended_ids_kept=10, idle_ttl_s=600)
+    table = ProgramTable(TableBounds(idle_ttl_s=600, ended_ids_kept=10))
     ids = {table.issue().program_id for _ in range(1000)}
     assert len(ids) == 1000
     token = next(iter(ids)).removeprefix("prog-")
@@ -173,7 +173,7 @@ def test_issued_ids_are_unguessable_and_unique():
 
 
 def test_unknown_ids_open_programs_and_ended_ids_are_refused_within_a_bound():
-    table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
+    table = ProgramTable(TableBounds(idle_ttl_s=600, ended_ids_kept=3))
     assert table.call_arrived(CallIdentity("sdk-local-id")).issued is False
     for i in range(5):
         table.call_arrived(CallIdentity(f"p{i}"))
@@ -188,7 +188,7 @@ def test_unknown_ids_open_programs_and_ended_ids_are_refused_within_a_bound():
 
 
 def test_service_sums_over_engines_and_failed_calls_are_charged_their_work():
-    table = ProgramTable(ended_ids_kept=3, idle_ttl_s=600)
+    table = ProgramTable(TableBounds(idle_ttl_s=600, ended_ids_kept=3))
     for engine, call_id in (("engine-0", "c1"), ("engine-1", "c2"), ("engine-1", "c3")):
         record = table.call_arrived(CallIdentity("p", thread_id="main", call_id=call_id))
         table.call_finished(record, call_id, engine=engine, service=10.0, completed=True)
@@ -205,7 +205,7 @@ def test_service_sums_over_engines_and_failed_calls_are_charged_their_work():
 
 def test_idle_programs_are_evicted_but_not_ended():
     now = [1000.0]
-    table = ProgramTable(ended_ids_kept=3, idle_ttl_s=60, clock=lambda: now[0])
+    table = ProgramTable(TableBounds(idle_ttl_s=60, ended_ids_kept=3), clock=lambda: now[0])
     busy, idle = table.call_arrived(CallIdentity("busy")), table.call_arrived(CallIdentity("idle"))
     table.call_finished(idle, "c1", engine="engine-0", service=1.0, completed=True)
     now[0] += 61
@@ -302,8 +302,8 @@ ADMIN = Client("key-admin", "admin", admin=True)
 
 def test_the_table_is_capped_per_owner_and_in_all_after_dropping_idle_programs():
     now = [0.0]
-    table = ProgramTable(10, idle_ttl_s=60, clock=lambda: now[0], max_programs=5,
-                         max_programs_per_owner=3)  # fmt: skip
+    bounds = TableBounds(idle_ttl_s=60, ended_ids_kept=10, max_programs=5, max_programs_per_key=3)
+    table = ProgramTable(bounds, clock=lambda: now[0])
     for _ in range(3):
         table.issue(caller=ALICE)
     with pytest.raises(TooManyPrograms, match="this key has 3"):
@@ -321,7 +321,9 @@ def test_the_table_is_capped_per_owner_and_in_all_after_dropping_idle_programs()
 
 
 def test_pages_follow_the_opening_order_through_removals():
-    table = ProgramTable(10, idle_ttl_s=600, max_programs_per_owner=10_000)
+    table = ProgramTable(
+        TableBounds(idle_ttl_s=600, ended_ids_kept=10, max_programs_per_key=10_000)
+    )
     opened = [table.issue(caller=ALICE).program_id for _ in range(3000)]
     bob = table.issue(caller=BOB).program_id
     for program_id in opened[::2]:  # half of them end: the order compacts once
@@ -341,7 +343,7 @@ def test_pages_follow_the_opening_order_through_removals():
 
 
 def test_another_owners_program_is_not_found_and_its_end_is_not_revealed():
-    table = ProgramTable(10, idle_ttl_s=600)
+    table = ProgramTable(TableBounds(idle_ttl_s=600, ended_ids_kept=10))
     program_id = table.issue(caller=ALICE).program_id
     for act in (lambda: table.call_arrived(CallIdentity(program_id), caller=BOB),
                 lambda: table.end(program_id, BOB)):  # fmt: skip
@@ -357,7 +359,7 @@ def test_another_owners_program_is_not_found_and_its_end_is_not_revealed():
 
 def test_thread_depth_counts_forks_below_main_and_limits_refuse_before_any_change():
     limits = ProgramLimits(max_threads=5, max_fork_depth=2, max_live_calls=2)
-    table = ProgramTable(10, idle_ttl_s=600, limits=limits)
+    table = ProgramTable(TableBounds(idle_ttl_s=600, ended_ids_kept=10, limits=limits))
     record = table.call_arrived(CallIdentity("p", thread_id="main"))
     table.call_arrived(
         CallIdentity("p", thread_id="t2", parent_thread_id="t1")
@@ -381,7 +383,7 @@ def test_thread_depth_counts_forks_below_main_and_limits_refuse_before_any_chang
 
 
 def test_a_call_id_is_refused_while_in_flight_and_after_completion_not_after_failure():
-    table = ProgramTable(10, idle_ttl_s=600)
+    table = ProgramTable(TableBounds(idle_ttl_s=600, ended_ids_kept=10))
     record = table.call_arrived(CallIdentity("p", call_id="c1"))
     with pytest.raises(CallIdReused, match="in flight"):
         table.call_arrived(CallIdentity("p", call_id="c1"))

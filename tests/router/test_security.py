@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from autellix_vllm.cli.ps import format_table
-from autellix_vllm.policy.config import ProgramLimits, ResidencyConfig, ServiceMeter
+from autellix_vllm.policy.config import ProgramLimits, ServiceMeter, TableBounds
 from autellix_vllm.router import RouterConfig
 from autellix_vllm.router.keys import load_api_keys, owner_of
 from polling import eventually
@@ -255,13 +255,10 @@ async def test_the_engine_gets_the_engine_key_and_only_the_routers_scheduling_fi
     assert float(third.headers["X-Autellix-Prior-Service"]) == ProgramLimits().max_prior_service
 
 
-async def test_a_forged_priority_is_stripped_but_the_retention_hint_passes_clamped(
-    start_router,
-):
+async def test_a_forged_priority_is_stripped_but_the_retention_hint_passes(start_router):
     """The retention TTL is not a priority field: the router passes a client's hint on
-    (within the residency bounds) next to the identity it accepted, while the
-    client's prior service still never reaches the engine."""
-    max_ttl_s = ResidencyConfig().max_ttl_s
+    as sent (the engine clamps it to its residency bounds) next to the identity it
+    accepted, while the client's prior service still never reaches the engine."""
     async with fake_engine() as engine, start_router([engine.url]) as router:
         hinted = {"X-Autellix-Program-Id": "hinted", "X-Autellix-Prior-Service": "1e300"}
         sent = [
@@ -281,7 +278,7 @@ async def test_a_forged_priority_is_stripped_but_the_retention_hint_passes_clamp
 
     posts = engine.posts()
     ttls = [p.headers.get("X-Autellix-Retention-Ttl") for p in posts]
-    assert ttls == ["20.0", str(max_ttl_s), str(max_ttl_s), "45.0", None]
+    assert ttls == ["20.0", "10800.0", "1000000000.0", "45.0", None]
     assert "X-Autellix-Prior-Service" not in posts[0].headers  # forged, and no service yet
     for number, post in enumerate(posts):  # later: the router's own count, never 1e300
         service = float(post.headers.get("X-Autellix-Prior-Service", 0))
@@ -378,7 +375,9 @@ async def test_programs_belong_to_the_key_that_opened_them(start_router, tmp_pat
 
 async def test_a_flood_of_programs_is_capped_and_paged_without_stalling_the_router(start_router):
     cap, flood = 10_000, 20_000
-    async with start_router([dead_upstream()], max_programs_per_key=cap) as router:
+    async with start_router(
+        [dead_upstream()], table=TableBounds(max_programs_per_key=cap)
+    ) as router:
         loop = asyncio.get_running_loop()
         # Per health probe: the loop's CPU time while it waited (the router and this
         # test share one thread, so that is the longest the router kept it waiting,
@@ -550,7 +549,7 @@ async def test_thread_limits_are_400s_that_name_the_limit(engine, start_router):
     model = engine.served_model_name
     limits = ProgramLimits(max_threads=4, max_fork_depth=2)
     program_id = unique("limits")
-    async with start_router([engine], limits=limits) as router:
+    async with start_router([engine], table=TableBounds(limits=limits)) as router:
         post = router.url + "/v1/completions"
 
         async def call_on(thread: str, parent: str | None = None) -> tuple[int, object]:
@@ -610,7 +609,7 @@ async def test_calls_in_flight_bound_the_program_and_their_ids(start_router):
     limits = ProgramLimits(max_live_calls=2)
     async with (
         fake_engine(gate.answer) as engine,
-        start_router([engine.url], limits=limits) as router,
+        start_router([engine.url], table=TableBounds(limits=limits)) as router,
     ):
         post = router.url + "/v1/completions"
 

@@ -21,7 +21,7 @@ import sys
 from autellix_vllm.cli import UsageError
 from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.cli.engine import add_engine_arguments, engine_config_from_args
-from autellix_vllm.cli.serve import add_router_arguments
+from autellix_vllm.cli.serve import add_router_arguments, table_bounds_from_args
 
 # EngineConfig fields each replica sets itself (where its engine listens, its key, its log).
 _REPLICA_OWNED = ("host", "port", "api_key", "log_file")
@@ -76,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> object:
         raise UsageError(f"{error}: install the ray extra (pip install 'autellix[ray]')") from None
     if args.allow_remote_upstreams:
         raise UsageError("--allow-remote-upstreams is for autellix serve --upstream")
-    engine = engine_config_from_args(args)
+    engine = engine_config_from_args(args, table=table_bounds_from_args(args))
     fields = {
         f.name: getattr(engine, f.name)
         for f in dataclasses.fields(engine)
@@ -95,10 +95,7 @@ def config_from_args(args: argparse.Namespace) -> object:
             engine_cpus=args.engine_cpus,
             engine_gpus=args.engine_gpus,
             health_check_period_s=args.health_interval,
-            directory={
-                "max_programs": args.max_programs,
-                "max_programs_per_owner": args.max_programs_per_key,
-            },
+            directory={"bounds": table_bounds_from_args(args)},
             ingress=IngressSettings(
                 chars_per_token=args.chars_per_token,
                 max_attempts=args.max_attempts,

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autellix_vllm.cli import UsageError
-from autellix_vllm.cli._arguments import HelpFormatter
+from autellix_vllm.cli._arguments import HelpFormatter, checked
 from autellix_vllm.cli.engine import add_engine_arguments, engine_config_from_args
 from autellix_vllm.engine.launcher import (
     EngineConfig,
@@ -59,6 +59,8 @@ from autellix_vllm.engine.launcher import (
     stop_all,
     stop_on_signals,
 )
+from autellix_vllm.engine.settings import positive_integer, positive_number
+from autellix_vllm.policy.config import DEFAULT_BOUNDS, DEFAULT_LIMITS, ProgramLimits, TableBounds
 from autellix_vllm.policy.routing import BALANCER_NAMES, DEFAULT_LOCALITY_THRESHOLD
 from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.router import RouterConfig, serve_router
@@ -75,6 +77,21 @@ SERVE_RESERVED_FLAGS = {
     "--host": "serve's engines listen on loopback (--host is the router's address)",
     "--port": "serve's engines listen on free ports (--port is the router's)",
 }
+
+
+# The table's counts: flag, default, what a call or program past it gets.
+_TABLE_COUNTS = (
+    ("--max-programs", DEFAULT_BOUNDS.max_programs, "programs the router's table holds in"
+     " all; a new one past it gets 429 too_many_programs (idle programs are dropped first)"),
+    ("--max-programs-per-key", DEFAULT_BOUNDS.max_programs_per_key, "programs one key may"
+     " have open at once; a new one past it gets 429"),
+    ("--max-threads", DEFAULT_LIMITS.max_threads, "threads one program may open; a call past"
+     " it gets 400 too_many_threads"),
+    ("--max-fork-depth", DEFAULT_LIMITS.max_fork_depth, "forks between a program's root"
+     " thread and its deepest; past it: 400 fork_too_deep"),
+    ("--max-live-calls", DEFAULT_LIMITS.max_live_calls, "calls of one program in flight at"
+     " once; past it: 400 too_many_live_calls"),
+)  # fmt: skip
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -185,20 +202,20 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_BODY_BYTES / 2**20,
         help="largest request body accepted, in MiB",
     )
-    parser.add_argument(
-        "--max-programs",
-        type=int,
-        default=RouterConfig.max_programs,
-        metavar="N",
-        help="programs the router's table holds in all; a new one past it gets 429"
-        " too_many_programs (idle programs are dropped first)",
+    table = parser.add_argument_group(
+        "the table's bounds (the engines autellix serve starts get the same idle TTL and"
+        " program limits)"
     )
-    parser.add_argument(
-        "--max-programs-per-key",
-        type=int,
-        default=RouterConfig.max_programs_per_key,
-        metavar="N",
-        help="programs one key may have open at once; a new one past it gets 429",
+    for flag, default, meaning in _TABLE_COUNTS:
+        table.add_argument(flag, type=checked(positive_integer), default=default, metavar="N",
+                           help=meaning)  # fmt: skip
+    table.add_argument(
+        "--idle-ttl",
+        type=checked(positive_number),
+        default=DEFAULT_BOUNDS.idle_ttl_s,
+        metavar="SECONDS",
+        help="a program with nothing in flight for this long leaves the tables (a later"
+        " call opens it again)",
     )
     parser.add_argument(
         "--no-derived-programs",
@@ -235,6 +252,22 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def table_bounds_from_args(args: argparse.Namespace) -> TableBounds:
+    """The table's bounds of ``args``: the router's, and its engines' idle TTL and
+    program limits."""
+    limits = ProgramLimits(
+        max_threads=args.max_threads,
+        max_fork_depth=args.max_fork_depth,
+        max_live_calls=args.max_live_calls,
+    )
+    return TableBounds(
+        idle_ttl_s=args.idle_ttl,
+        limits=limits,
+        max_programs=args.max_programs,
+        max_programs_per_key=args.max_programs_per_key,
+    )
+
+
 def router_config_from_args(
     args: argparse.Namespace, upstreams: list[str], engine_key: str | None
 ) -> RouterConfig:
@@ -249,8 +282,7 @@ def router_config_from_args(
             admin_key=args.admin_key,
             engine_key=engine_key,
             max_body_bytes=int(args.max_body_mb * 2**20),
-            max_programs=args.max_programs,
-            max_programs_per_key=args.max_programs_per_key,
+            table=table_bounds_from_args(args),
             derived_programs=args.derived_programs,
             prefix_programs=args.prefix_programs,
             derived_idle_end_s=args.derived_idle_end,
@@ -380,7 +412,13 @@ def plan_engines(args: argparse.Namespace, engine_key: str | None = None) -> lis
     if args.engines is not None and args.engines < 1:
         raise UsageError("--engines must be >= 1")
     base = engine_config_from_args(
-        args, SERVE_RESERVED_FLAGS, host="127.0.0.1", port=0, log_file=None, api_key=engine_key
+        args,
+        SERVE_RESERVED_FLAGS,
+        host="127.0.0.1",
+        port=0,
+        log_file=None,
+        api_key=engine_key,
+        table=table_bounds_from_args(args),  # the router's own: one source for both
     )
     tp = args.tensor_parallel_size
     gpus = visible_gpus() if base.resolved_device() == "gpu" else []

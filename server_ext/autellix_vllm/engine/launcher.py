@@ -47,7 +47,7 @@ from typing import IO
 from autellix_vllm.engine.models import ModelSpec, resolve_model
 from autellix_vllm.engine.reaper import group_alive
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, settings_env
-from autellix_vllm.policy import Levels
+from autellix_vllm.policy import Levels, TableBounds
 from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.registry import lookup
 
@@ -132,6 +132,9 @@ class EngineConfig:
     policy: str | None = None
     beta: float | None = None
     levels: Levels | None = None
+    # The program limits and idle TTL of its table: ``autellix serve`` gives its
+    # engines its router's own. None: as ``policy`` (the variables, else defaults).
+    table: TableBounds | None = None
     max_num_seqs: int | None = None  # seats: calls in the batch at once
     max_model_len: int | None = None  # longest prompt plus output, in tokens
     kv_cache_gib: int | None = None  # CPU: VLLM_CPU_KVCACHE_SPACE; GPU: --kv-cache-memory-bytes
@@ -316,7 +319,8 @@ def scheduler_environment(
     inherited = {name: given[name] for name in VARIABLES if name in given}
     if not config.runs_autellix:
         return inherited  # stock vLLM reads none of them
-    variables = {**inherited, **settings_env(config.policy, config.beta, config.levels)}
+    given_settings = settings_env(config.policy, config.beta, config.levels, config.table)
+    variables = {**inherited, **given_settings}
     SchedulerSettings.from_env(variables)
     return variables
 

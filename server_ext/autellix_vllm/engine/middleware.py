@@ -8,13 +8,12 @@ the ``X-Autellix-*`` headers win over the body's keys) and writes it into that
 dict, where the scheduler finds it. A malformed value is answered with
 OpenAI's error body and status 400, without forwarding the request.
 
-What only the router states (``ROUTER_STATED``: the prior service, how much
-another engine served a program, and the owner, whose fair share of held KV
-the program draws on) reaches the scheduler only from a caller holding the
-engine key (:func:`~autellix_vllm.engine.settings.engine_key`, sent as
-``Authorization: Bearer <key>``); from anyone else it is dropped, from the
-headers and from the body of every JSON POST (vLLM takes ``vllm_xargs`` on more
-routes than the generation ones).
+What only the router states (the prior service and the owner) reaches the
+scheduler only from a request that may state it, by
+:func:`~autellix_vllm.protocol.trust.may_state_router_fields` (the caller
+holds the engine key, :func:`~autellix_vllm.engine.settings.engine_key`); from
+any other it is dropped, from the headers and from the body of every JSON POST
+(vLLM takes ``vllm_xargs`` on more routes than the generation ones).
 
 The body's ``agent_hint`` (vLLM's agent_hint RFC: ``session_id``,
 ``parent_session_id``, ``cache_control.ttl``) is read last, so an agent that
@@ -50,11 +49,8 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from autellix_vllm.engine.settings import engine_key
-from autellix_vllm.protocol.bearer import holds_key
 from autellix_vllm.protocol.identity import (
     AGENT_HINT_FIELD,
-    IDENTITY_XARGS,
-    ROUTER_STATED,
     SESSION_ID_FIELD,
     XARGS_FIELD,
     Header,
@@ -63,6 +59,7 @@ from autellix_vllm.protocol.identity import (
 )
 from autellix_vllm.protocol.openai_errors import error_body, normalized_error
 from autellix_vllm.protocol.paths import GENERATION_PATHS
+from autellix_vllm.protocol.trust import ROUTER_STATED_XARGS, may_state_router_fields
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +69,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# The vllm_xargs keys of what only the router states.
-_ROUTER_STATED_XARGS = tuple(IDENTITY_XARGS[field] for field in ROUTER_STATED)
 # The error code of a body that is not the JSON a route needs (as the router's).
 INVALID_JSON = "invalid_json"
 
@@ -106,14 +101,12 @@ class IdentityMiddleware:
             return
         body = await _read_body(receive)
         headers: list[Header] = scope["headers"]
-        trusted = self.engine_key is not None and holds_key(
-            _header(headers, b"authorization"), self.engine_key
-        )
+        may_state = may_state_router_fields(self.engine_key, _header(headers, b"authorization"))
         try:
             if scope["path"].rstrip("/") in GENERATION_PATHS:
-                new_body = rewrite_body(body, headers, trust_prior_service=trusted)
+                new_body = rewrite_body(body, headers, may_state_router_fields=may_state)
             else:
-                new_body = body if trusted else drop_router_stated(body)
+                new_body = body if may_state else drop_router_stated(body)
         except IdentityError as exc:
             await send_openai_error(send, 400, str(exc), exc.code, exc.param)
             return
@@ -129,12 +122,14 @@ class IdentityMiddleware:
         await self.app(scope, _replay(new_body, receive), send)
 
 
-def rewrite_body(body: bytes, headers: Iterable[Header], trust_prior_service: bool = True) -> bytes:
+def rewrite_body(
+    body: bytes, headers: Iterable[Header], may_state_router_fields: bool = True
+) -> bytes:
     """The body with the call's identity written into its ``vllm_xargs``.
 
-    Other ``vllm_xargs`` keys are kept. Unless ``trust_prior_service``, what only
-    the router states (the prior service, the owner) is left out, and removed
-    from the body's ``vllm_xargs``.
+    Other ``vllm_xargs`` keys are kept. Unless ``may_state_router_fields`` (see
+    :mod:`~autellix_vllm.protocol.trust`), what only the router states (the prior
+    service, the owner) is left out, and removed from the body's ``vllm_xargs``.
     Returns ``body`` itself (the same object) when nothing changes or the body
     is not a JSON object with a dict (or absent) ``vllm_xargs``; those are left
     for vLLM to reject. Raises :class:`IdentityError` for a malformed identity
@@ -158,8 +153,8 @@ def rewrite_body(body: bytes, headers: Iterable[Header], trust_prior_service: bo
     if body_xargs is not None and not isinstance(body_xargs, dict):
         return body
     new_xargs = {**(body_xargs or {}), **identity.as_xargs()}
-    if not trust_prior_service:
-        for key in _ROUTER_STATED_XARGS:
+    if not may_state_router_fields:
+        for key in ROUTER_STATED_XARGS:
             new_xargs.pop(key, None)
     if new_xargs == (body_xargs or {}):
         return body
@@ -187,7 +182,7 @@ def drop_router_stated(body: bytes) -> bytes:
     object if it has none, or is not a JSON object)."""
     payload = _parse(body)
     xargs = payload.get(XARGS_FIELD) if isinstance(payload, dict) else None
-    found = [key for key in _ROUTER_STATED_XARGS if key in xargs] if isinstance(xargs, dict) else []
+    found = [key for key in ROUTER_STATED_XARGS if key in xargs] if isinstance(xargs, dict) else []
     if not found:
         return body
     for key in found:

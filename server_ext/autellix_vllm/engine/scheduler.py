@@ -14,8 +14,8 @@ of victims. This module only connects the core to vLLM's scheduler:
   reader, is handed over whole; a call without a program id, one that would
   grow its program past the limits, or one whose identity is malformed (the
   middleware was bypassed) is its own one-call program; the call's prior
-  service counts only on an engine with a key (see
-  :func:`~autellix_vllm.engine.settings.engine_key`);
+  service and owner count only where :mod:`~autellix_vllm.protocol.trust`'s
+  rule allows (an engine with a key);
 * vLLM's ``waiting`` queue is a :class:`ProgramRequestQueue`, a view of the
   core's wait queue, so vLLM admits calls in the core's order;
 * before each step, running calls are preempted when a better-level call waits
@@ -62,7 +62,8 @@ from autellix_vllm.engine.block_holds import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
 from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler, Rank
 from autellix_vllm.policy.residency import SKIPPED_WAITERS
-from autellix_vllm.protocol.identity import NO_IDENTITY, without_router_stated
+from autellix_vllm.protocol.identity import NO_IDENTITY
+from autellix_vllm.protocol.trust import accepted
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class AutellixSchedulerMixin:
         settings = SchedulerSettings.from_env(os.environ)  # before vLLM builds anything
         super().__init__(*args, **kwargs)
         self.core = settings.core(seats=adapter.batch_seats(self))
-        self.trust_prior_service = settings.trust_prior_service
+        self.trusts_router_fields = settings.trusts_router_fields
         self.calls: dict[str, Call] = {}  # request id -> call, while the request lives
         self.residency = (
             EngineResidency(self, self.core) if self.core.policy.kv_aware else None  # type: ignore[arg-type]
@@ -243,8 +244,7 @@ class AutellixSchedulerMixin:
                     " Further ones are counted in calls_without_identity."
                 )
             self.calls_without_identity += 1
-        if not self.trust_prior_service:
-            identity = without_router_stated(identity)
+        identity = accepted(identity, self.trusts_router_fields)
         self.calls[request.request_id] = self.core.add_call(
             identity,
             time.time(),
@@ -407,7 +407,7 @@ class AutellixSchedulerMixin:
             calls_without_identity=self.calls_without_identity,
             kv_preemptions=self.kv_preemptions,
             waiter_preemptions=dict(self.waiter_preemptions),
-            prior_service_trusted=self.trust_prior_service,
+            prior_service_trusted=self.trusts_router_fields,
         )
         return snapshot
 

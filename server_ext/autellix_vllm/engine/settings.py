@@ -7,25 +7,32 @@ Both sides parse a value with the functions here: a value the command line
 accepts is one the scheduler accepts, and a bad one, from a flag or from the
 environment, is one error naming it before any process starts.
 
-============================  ==================================================
-variable                      value (docs/engine.md has the defaults)
-============================  ==================================================
-``AUTELLIX_POLICY``           a policy an engine can run (:data:`ENGINE_POLICY_NAMES`)
-``AUTELLIX_BETA``             the anti-starvation ratio, > 0
-``AUTELLIX_LEVELS``           level boundaries, e.g. ``0,128,512``
-``AUTELLIX_SERVICE_UNIT``     ``tokens`` or ``time``
-``AUTELLIX_IDLE_TTL_S``       seconds, > 0
-``AUTELLIX_MAX_THREADS``      threads per program, an integer >= 1
-``AUTELLIX_MAX_FORK_DEPTH``   fork depth per program, an integer >= 1
-``AUTELLIX_MAX_LIVE_CALLS``   calls in flight per program, an integer >= 1
-``AUTELLIX_ENGINE_KEY``       the engine key (:func:`engine_key`)
-============================  ==================================================
+==============================  ==================================================
+variable                        value (docs/engine.md has the defaults)
+==============================  ==================================================
+``AUTELLIX_POLICY``             a policy an engine can run (:data:`ENGINE_POLICY_NAMES`)
+``AUTELLIX_BETA``               the anti-starvation ratio, > 0
+``AUTELLIX_LEVELS``             level boundaries, e.g. ``0,128,512``
+``AUTELLIX_SERVICE_UNIT``       ``tokens`` or ``time``
+``AUTELLIX_IDLE_TTL_S``         seconds, > 0
+``AUTELLIX_MAX_THREADS``        threads per program, an integer >= 1
+``AUTELLIX_MAX_FORK_DEPTH``     fork depth per program, an integer >= 1
+``AUTELLIX_MAX_LIVE_CALLS``     calls in flight per program, an integer >= 1
+``AUTELLIX_MAX_PRIOR_SERVICE``  the largest prior service honoured, > 0
+``AUTELLIX_ENGINE_KEY``         the engine key (:func:`engine_key`)
+==============================  ==================================================
+
+The five after ``AUTELLIX_SERVICE_UNIT`` are the engine's
+:class:`~autellix_vllm.policy.config.TableBounds`: ``autellix serve`` writes
+its router's own (:func:`settings_env`), so that a call its router accepts is
+one the engine's table takes too.
 
 An empty variable counts as unset. Importing this module imports nothing from vLLM.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
@@ -38,11 +45,13 @@ from autellix_vllm.policy import (
     ProgramLimits,
     ProgramScheduler,
     ServiceMeter,
+    TableBounds,
     make_policy,
     policy_name,
 )
 from autellix_vllm.policy.config import ServiceUnit
 from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
+from autellix_vllm.protocol.trust import engine_core_trusts
 from autellix_vllm.registry import unknown
 
 T = TypeVar("T")
@@ -55,6 +64,7 @@ IDLE_TTL_S = "AUTELLIX_IDLE_TTL_S"
 MAX_THREADS = "AUTELLIX_MAX_THREADS"
 MAX_FORK_DEPTH = "AUTELLIX_MAX_FORK_DEPTH"
 MAX_LIVE_CALLS = "AUTELLIX_MAX_LIVE_CALLS"
+MAX_PRIOR_SERVICE = "AUTELLIX_MAX_PRIOR_SERVICE"
 VARIABLES = (
     POLICY,
     BETA,
@@ -64,6 +74,7 @@ VARIABLES = (
     MAX_THREADS,
     MAX_FORK_DEPTH,
     MAX_LIVE_CALLS,
+    MAX_PRIOR_SERVICE,
 )
 
 # Every core policy but the clairvoyant ones, which need each program's future.
@@ -96,6 +107,13 @@ def positive_number(text: str) -> float:
         raise ValueError(f"not a number: {text!r}") from None
     if not value > 0:
         raise ValueError(f"must be positive, got {text}")
+    return value
+
+
+def finite_positive_number(text: str) -> float:
+    value = positive_number(text)
+    if not math.isfinite(value):
+        raise ValueError(f"must be finite, got {text}")
     return value
 
 
@@ -132,9 +150,8 @@ class SchedulerSettings:
     policy: str = DEFAULT_POLICY
     config: PolicyConfig = field(default_factory=PolicyConfig)
     # Honour what only the router states (the prior service and owner calls
-    # carry): only an engine with a key, whose middleware drops these fields from
-    # callers without the key.
-    trust_prior_service: bool = False
+    # carry): protocol.trust's rule for the callers that reach the scheduler.
+    trusts_router_fields: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> SchedulerSettings:
@@ -151,21 +168,27 @@ class SchedulerSettings:
                 raise SettingError(f"{name}={text!r}: {exc}") from None
 
         defaults = PolicyConfig()
-        limits = ProgramLimits(
-            max_threads=read(MAX_THREADS, positive_integer, defaults.limits.max_threads),
-            max_fork_depth=read(MAX_FORK_DEPTH, positive_integer, defaults.limits.max_fork_depth),
-            max_live_calls=read(MAX_LIVE_CALLS, positive_integer, defaults.limits.max_live_calls),
+        limits = defaults.table.limits
+        table = TableBounds(
+            idle_ttl_s=read(IDLE_TTL_S, positive_number, defaults.table.idle_ttl_s),
+            limits=ProgramLimits(
+                max_threads=read(MAX_THREADS, positive_integer, limits.max_threads),
+                max_fork_depth=read(MAX_FORK_DEPTH, positive_integer, limits.max_fork_depth),
+                max_live_calls=read(MAX_LIVE_CALLS, positive_integer, limits.max_live_calls),
+                max_prior_service=read(
+                    MAX_PRIOR_SERVICE, finite_positive_number, limits.max_prior_service
+                ),
+            ),
         )
         config = PolicyConfig(
             levels=read(LEVELS, Levels.parse, defaults.levels),
             meter=read(SERVICE_UNIT, service_meter, defaults.meter),
             beta=read(BETA, positive_number, defaults.beta),
-            idle_ttl_s=read(IDLE_TTL_S, positive_number, defaults.idle_ttl_s),
             atlas_variant=defaults.atlas_variant,
-            limits=limits,
+            table=table,
         )
         policy = read(POLICY, engine_policy, DEFAULT_POLICY)
-        return cls(policy, config, trust_prior_service=engine_key(environ) is not None)
+        return cls(policy, config, trusts_router_fields=engine_core_trusts(engine_key(environ)))
 
     def core(self, seats: int | None = None) -> ProgramScheduler:
         """The policy core for an engine of ``seats`` sequences."""
@@ -177,16 +200,20 @@ def settings_env(
     policy: str | None = None,
     beta: float | None = None,
     levels: Levels | None = None,
-    limits: ProgramLimits | None = None,
+    table: TableBounds | None = None,
 ) -> dict[str, str]:
-    """The variables that give an engine these settings; ``None`` sets nothing."""
+    """The variables that give an engine these settings (``table``: its idle TTL
+    and program limits); ``None`` sets nothing. The one writer of what
+    :meth:`SchedulerSettings.from_env` reads."""
     values: dict[str, object] = {POLICY: policy, BETA: beta, LEVELS: levels}
-    if limits is not None:
+    if table is not None:
         values.update(
             {
-                MAX_THREADS: limits.max_threads,
-                MAX_FORK_DEPTH: limits.max_fork_depth,
-                MAX_LIVE_CALLS: limits.max_live_calls,
+                IDLE_TTL_S: table.idle_ttl_s,
+                MAX_THREADS: table.limits.max_threads,
+                MAX_FORK_DEPTH: table.limits.max_fork_depth,
+                MAX_LIVE_CALLS: table.limits.max_live_calls,
+                MAX_PRIOR_SERVICE: repr(table.limits.max_prior_service),
             }
         )
     return {name: str(value) for name, value in values.items() if value is not None}

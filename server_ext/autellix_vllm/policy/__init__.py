@@ -14,18 +14,20 @@ the scheduling math exists exactly once:
 * ``bounded``: the size-bounded maps and sets both process tables keep;
 * ``residency``: which idle contexts a KV-aware engine holds and which calls it
   admits (the working-set rule);
-* ``config``: levels, the service unit, :class:`ProgramLimits` and
-  :class:`ResidencyConfig`;
+* ``config``: levels, the service unit, :class:`ProgramLimits`,
+  :class:`TableBounds` and :class:`ResidencyConfig`;
 * ``faults``: failures of a policy or an engine hook, confined to one call and counted.
 """
 
 from .config import (
+    DEFAULT_BOUNDS,
     DEFAULT_LIMITS,
     Levels,
     PolicyConfig,
     ProgramLimits,
     ResidencyConfig,
     ServiceMeter,
+    TableBounds,
 )
 from .core import ANONYMOUS_PREFIX, Counters, ProgramScheduler
 from .policies import (
@@ -62,6 +64,7 @@ from .table import Call, CallState, ProcessTable, Program, Rank, Thread
 __all__ = [
     "ANONYMOUS_PREFIX",
     "ATLAS",
+    "DEFAULT_BOUNDS",
     "DEFAULT_LIMITS",
     "BALANCERS",
     "BALANCER_NAMES",
@@ -95,6 +98,7 @@ __all__ = [
     "RoundRobin",
     "Route",
     "ServiceMeter",
+    "TableBounds",
     "Thread",
     "WaitQueue",
     "make_balancer",

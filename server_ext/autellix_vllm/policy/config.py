@@ -146,8 +146,46 @@ class ProgramLimits:
         if not (math.isfinite(self.max_prior_service) and self.max_prior_service > 0):
             raise ValueError("max_prior_service must be a positive finite number")
 
+    def bounded_prior_service(self, service: float) -> float:
+        """``service`` (a program's prior service) at most ``max_prior_service``:
+        the one clamp, what a router states and what an engine honours."""
+        return min(service, self.max_prior_service)
+
 
 DEFAULT_LIMITS = ProgramLimits()
+
+
+@dataclass(frozen=True)
+class TableBounds:
+    """How large a process table may grow and how long it keeps what, one name
+    per bound: the router's table (``router.programs``), the engines'
+    (:class:`~autellix_vllm.policy.table.ProcessTable`) and the flags of
+    ``autellix serve``, which hands the engines it starts the router's own
+    (``engine.settings``).
+
+    The counts of programs and ended ids bound the router's table, which knows
+    the keys; an engine's table holds what its routers let in, for ``idle_ttl_s``.
+    """
+
+    # Programs with nothing in flight are dropped this long after their last activity.
+    idle_ttl_s: float = 600.0
+    # How large one program may grow.
+    limits: ProgramLimits = DEFAULT_LIMITS
+    # Programs in the table, in all and per key; when full (after dropping idle
+    # programs) a new program is refused with 429 too_many_programs.
+    max_programs: int = 100_000
+    max_programs_per_key: int = 10_000
+    # Ended program ids remembered (so that late calls get 404), oldest forgotten first.
+    ended_ids_kept: int = 100_000
+
+    def __post_init__(self) -> None:
+        for name in ("idle_ttl_s", "max_programs", "max_programs_per_key", "ended_ids_kept"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+
+DEFAULT_BOUNDS = TableBounds()
 
 
 class ToolGaps(Protocol):
@@ -228,10 +266,8 @@ class PolicyConfig:
     # Guard for the ratio's denominator: a program with no service yet.
     min_service: float = 1.0
     atlas_variant: AtlasVariant = "thread"
-    # Programs with no active call are dropped this long after their last activity.
-    idle_ttl_s: float = 600.0
-    # How large one program may grow in the process table.
-    limits: ProgramLimits = DEFAULT_LIMITS
+    # How long the process table keeps an idle program, and how large one may grow.
+    table: TableBounds = DEFAULT_BOUNDS
     # How a KV-aware policy's engine holds idle contexts and admits calls.
     residency: ResidencyConfig = field(default_factory=ResidencyConfig)
 
@@ -240,5 +276,3 @@ class PolicyConfig:
             raise ValueError("beta must be positive")
         if self.atlas_variant not in ("program", "thread"):
             raise ValueError(f"unknown ATLAS variant {self.atlas_variant!r}")
-        if self.idle_ttl_s <= 0:
-            raise ValueError("idle_ttl_s must be positive")

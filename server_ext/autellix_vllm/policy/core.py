@@ -77,7 +77,7 @@ class ProgramScheduler:
         self.levels = self.config.levels
         self._last_level = len(self.levels) - 1
         self.meter = self.config.meter
-        self.table = table or ProcessTable(self.config.idle_ttl_s, self.config.limits)
+        self.table = table or ProcessTable(self.config.table)
         self.waiting = WaitQueue()
         self.counters = Counters()
         self.faults = Faults()
@@ -141,7 +141,7 @@ class ProgramScheduler:
             program.gap_total_s += max(0.0, now_s - program.last_completion_s)
         program.last_arrival_s = now_s
         if identity.prior_service:
-            prior_service = min(identity.prior_service, self.table.limits.max_prior_service)
+            prior_service = self.table.bounds.limits.bounded_prior_service(identity.prior_service)
             program.attained_service = max(program.attained_service, prior_service)
         thread = program.thread(identity.thread_id, identity.parent_thread_id)
         call = Call(call_id, program, thread, now_s, identity=identity)

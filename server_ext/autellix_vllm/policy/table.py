@@ -20,7 +20,7 @@ from typing import Any
 
 from ..protocol.identity import ANONYMOUS_OWNER, MAIN_THREAD_ID, NO_IDENTITY, CallIdentity
 from .bounded import CHARGED_CALLS_KEPT, IdleTable, RecentMap
-from .config import DEFAULT_LIMITS, ProgramLimits
+from .config import DEFAULT_BOUNDS, ProgramLimits, TableBounds
 from .forks import LimitCrossed, limit_crossed, new_threads
 
 # A call's place in the wait queue, compared as a tuple: smaller is better. It ends
@@ -155,7 +155,7 @@ class Program:
     def is_reuse(self, call_id: str) -> bool:
         """Whether a new call under ``call_id`` repeats a call rather than retrying one:
         an attempt under the id completed, or one is in flight now."""
-        record = self.call_records.get(call_id, None)
+        record = self.call_records.get(call_id)
         if record is not None and record.completed:
             return True
         return any(call.call_id == call_id for call in self.active_calls.values())
@@ -167,7 +167,7 @@ class Program:
         charged only what it attained beyond them: the id is charged once. A first
         attempt, or a reuse (see :meth:`is_reuse`), is charged in full.
         """
-        record = self.call_records.get(call_id, None) or CallRecord()
+        record = self.call_records.get(call_id) or CallRecord()
         if reuse:
             charged = service
         else:
@@ -221,11 +221,12 @@ class Call:
 
 
 class ProcessTable:
-    """All known programs, bounded by an idle time-to-live and by :class:`ProgramLimits`."""
+    """All known programs, bounded by ``bounds``: an idle time-to-live and the
+    program limits (the counts of programs are the router's to bound)."""
 
-    def __init__(self, idle_ttl_s: float = 600.0, limits: ProgramLimits = DEFAULT_LIMITS) -> None:
-        self._programs: IdleTable[Program] = IdleTable(idle_ttl_s)
-        self.limits = limits
+    def __init__(self, bounds: TableBounds = DEFAULT_BOUNDS) -> None:
+        self._programs: IdleTable[Program] = IdleTable(bounds.idle_ttl_s)
+        self.bounds = bounds
         # Calls that did not join their program, by the limit they would have crossed.
         self.calls_over_limit: Counter[str] = Counter()
 
@@ -272,7 +273,9 @@ class ProcessTable:
         """The limit a new call of ``identity``'s program and thread would cross, or None."""
         assert identity.program_id is not None
         program = self._programs.get(identity.program_id) or Program(identity.program_id)
-        return program.limit_crossed(self.limits, identity.thread_id, identity.parent_thread_id)
+        return program.limit_crossed(
+            self.bounds.limits, identity.thread_id, identity.parent_thread_id
+        )
 
     def touch(self, program: Program) -> None:
         """The program did something (a call completed): it is the most recently active."""

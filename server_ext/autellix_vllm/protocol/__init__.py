@@ -9,7 +9,9 @@ framework:
 * :mod:`~autellix_vllm.protocol.paths`: the API paths of the router and the engines;
 * :mod:`~autellix_vllm.protocol.openai_errors`: the error body, OpenAI's shape,
   from the router and the engines alike;
-* :mod:`~autellix_vllm.protocol.bearer`: the engine key and how a bearer key is checked.
+* :mod:`~autellix_vllm.protocol.bearer`: the engine key and how a bearer key is checked;
+* :mod:`~autellix_vllm.protocol.trust`: which identity fields only the router
+  states, and the one rule of who may state them.
 
 The SDK (``autellix``) keeps its own copies of the header names and paths,
 since it must work without this package; ``tests/test_protocol.py`` checks

@@ -27,11 +27,10 @@ header                          ``vllm_xargs`` key             value
 ``X-Session-ID``                (body ``session_id``)          id
 =============================== ============================== ===========
 
-The prior service and the owner (who the caller is, :data:`ROUTER_STATED`)
-are the router's to state, never a client's: the router drops a client's and
-states its own, and an engine honours them only from a caller that holds its
-key. A call without an owner belongs to :data:`ANONYMOUS_OWNER`, one owner
-shared by every such call.
+The prior service and the owner (who the caller is) are the router's to
+state, never a client's: who may state them is :mod:`~autellix_vllm.protocol.trust`'s
+one rule. A call without an owner belongs to :data:`ANONYMOUS_OWNER`, one
+owner shared by every such call.
 
 An id is 1 to 128 characters with no control characters; only the parent
 thread header may be empty, which means the main thread (no parent). Header
@@ -69,7 +68,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -122,8 +121,6 @@ IDENTITY_XARGS: dict[str, str] = {
     "retention_ttl_s": RETENTION_TTL,
     "owner": OWNER,
 }
-# The parts only the router states (see the module docstring).
-ROUTER_STATED = ("prior_service", "owner")
 # Header in lower case (as ASGI delivers it) -> CallIdentity field; X-Session-ID -> itself.
 _HEADER_FIELDS: dict[str, str] = {
     **{header.lower(): field for field, header in IDENTITY_HEADERS.items()},
@@ -180,14 +177,6 @@ class CallIdentity:
 
 NO_IDENTITY = CallIdentity()
 """A call that says nothing about itself: it runs alone."""
-
-
-def without_router_stated(identity: CallIdentity) -> CallIdentity:
-    """``identity`` without the parts only the router states (:data:`ROUTER_STATED`):
-    what is left of a call from a client (the same object if it stated none)."""
-    if all(getattr(identity, field) is None for field in ROUTER_STATED):
-        return identity
-    return replace(identity, **dict.fromkeys(ROUTER_STATED))
 
 
 def validate_id(value: object, param: str) -> str:

@@ -53,7 +53,7 @@ class RayServeConfig:
     # on its engines; this bounds it as the engines' seats do.
     max_ongoing_ingress_calls: int = 1024
     health_check_period_s: float = 2.0
-    # ProgramDirectory's bounds (max_programs, max_programs_per_owner, ...).
+    # ProgramDirectory's keyword arguments (its bounds: a TableBounds).
     directory: dict[str, Any] = field(default_factory=dict)
     ingress: IngressSettings = field(default_factory=IngressSettings)
 

@@ -19,6 +19,13 @@ a partition would need an ingress-to-ingress hop on most calls, the same cost
 as one hop to the directory, and re-partitioning whenever ingress replicas
 come and go.
 
+A call is admitted by the router's own rules (``router.admission``): a call
+that names no program gets the one ``router.derived`` names from its session
+headers and body, the call runs under its program's owner, and the prior
+service is clamped as the router clamps it. Derived programs idle for
+``derived_idle_end_s`` are ended here as the router ends them (their clients
+never do); the engines drop their contexts on their own idle TTL.
+
 The directory is plain Python; ``app`` wraps it in a Serve deployment. Errors
 are returned as :class:`~.messages.Refusal` values, not raised: they cross a
 process boundary. Serve runs a replica's plain methods on a thread pool, so
@@ -32,9 +39,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
-from autellix_vllm.protocol.identity import CallIdentity
-from autellix_vllm.ray_serve.messages import Admission, CallReport, Refusal
+from autellix_vllm.policy.config import DEFAULT_BOUNDS, TableBounds
+from autellix_vllm.ray_serve.messages import Admission, Arrival, CallReport, Refusal
+from autellix_vllm.router.admission import admit, answered, prior_service
+from autellix_vllm.router.config import RouterConfig
+from autellix_vllm.router.derived import ProgramDeriver
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import Client
 from autellix_vllm.router.programs import ProgramTable
@@ -50,22 +59,20 @@ class ProgramDirectory:
     def __init__(
         self,
         *,
-        ended_ids_kept: int = 100_000,
-        idle_ttl_s: float = 600.0,
-        max_programs: int = 100_000,
-        max_programs_per_owner: int = 10_000,
-        limits: ProgramLimits = DEFAULT_LIMITS,
+        bounds: TableBounds = DEFAULT_BOUNDS,
+        derived_programs: bool = RouterConfig.derived_programs,
+        prefix_programs: bool = RouterConfig.prefix_programs,
+        derived_idle_end_s: float = RouterConfig.derived_idle_end_s,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.limits = limits
-        self.table = ProgramTable(
-            ended_ids_kept,
-            idle_ttl_s,
-            clock,
-            max_programs=max_programs,
-            max_programs_per_owner=max_programs_per_owner,
-            limits=limits,
+        """``derived_programs``, ``prefix_programs``, ``derived_idle_end_s``: as the
+        router's options of the same names (``RouterConfig``)."""
+        self.limits = bounds.limits
+        self.deriver = (
+            ProgramDeriver(derived_idle_end_s, prefix_programs) if derived_programs else None
         )
+        on_drop = self.deriver.forget if self.deriver else lambda program_id: None
+        self.table = ProgramTable(bounds, clock, on_drop)
         self._lock = threading.Lock()
 
     def issue(self, name: str | None, caller: Client) -> dict[str, Any] | Refusal:
@@ -78,17 +85,31 @@ class ProgramDirectory:
         return {"program_id": record.program_id, "name": record.name, "created": record.created_s}
 
     def admit(
-        self, identity: CallIdentity, caller: Client, reports: list[CallReport] | None = None
+        self, arrival: Arrival, caller: Client, reports: list[CallReport] | None = None
     ) -> Admission | Refusal:
-        """Apply ``reports``, then let a call in (counting it as active) or refuse it."""
+        """Apply ``reports``, then let a call in (counting it as active, in the
+        program it names or one derived for it) or refuse it."""
         try:
             with self._lock:
                 self._apply(reports or [])
-                record = self.table.call_arrived(identity, caller)
+                self._end_idle_derived()
+                admitted = admit(
+                    self.table,
+                    self.deriver,
+                    arrival.identity,
+                    caller,
+                    arrival.path,
+                    arrival.body,
+                    arrival.session_headers,
+                )
         except ApiError as error:
             return _refusal(error)
-        service = min(record.service, self.limits.max_prior_service)
-        return Admission(service=service, bound_replica=record.engine)
+        record = admitted.record
+        if record is None:
+            return Admission(admitted.identity, prior_service=None, bound_replica=None)
+        return Admission(
+            admitted.identity, prior_service(record.service, self.limits), record.engine
+        )
 
     def apply(self, reports: list[CallReport]) -> None:
         """Record how calls ended. A report of a program that left the table since
@@ -110,6 +131,21 @@ class ProgramDirectory:
                 service=report.service,
                 completed=report.completed,
             )
+            answered(self.deriver, record, report.path, report.completed, report.response_id)
+
+    def _end_idle_derived(self) -> None:
+        """End the derived programs idle for ``derived_idle_end_s`` with nothing in
+        flight, as their owner would (a busy one is looked at again later)."""
+        if self.deriver is None:
+            return
+        for program_id in self.deriver.idle(self.table.clock()):
+            record = self.table.get(program_id)
+            if record is None:
+                continue
+            if record.busy:
+                self.deriver.watch(record)
+                continue
+            self.table.end(program_id, Client(owner=record.owner, name=record.owner_name))
 
     def end(
         self, program_id: str, caller: Client, reports: list[CallReport] | None = None

@@ -74,14 +74,7 @@ def _router_state(
             if deriver is not None:
                 deriver.forget(program_id)
 
-        programs = ProgramTable(
-            config.ended_ids_kept,
-            config.idle_ttl_s,
-            on_drop=dropped,
-            max_programs=config.max_programs,
-            max_programs_per_owner=config.max_programs_per_key,
-            limits=config.limits,
-        )
+        programs = ProgramTable(config.table, on_drop=dropped)
         metrics.track_programs(lambda: len(programs))
         pool = EnginePool(
             config.upstreams,

@@ -10,14 +10,16 @@ table takes it, and the dispatcher sends it on as headers.
 
 Then every scheduling field the client put in the body (the ``autellix_*``
 keys of ``vllm_xargs``, the prior service among them) is removed, and what
-only the router states (the prior service and the owner, ``ROUTER_STATED``)
-is not kept from the client: the router sends the engine the identity it
-accepted, with the program's prior service and owner, as headers of its own
-(``dispatch``), so the engine has one source for each. The client's retention
-hint (``X-Autellix-Retention-Ttl``, its ``vllm_xargs`` key, or
-``agent_hint.cache_control.ttl``) is passed on the same way, clamped to the
-residency bounds: it says how long to keep the program's context, never how
-it ranks. The body's ``agent_hint`` itself is passed on as it came.
+only the router states (the prior service and the owner) is not kept from the
+client (:func:`autellix_vllm.protocol.trust.accepted`: the router's edge takes
+them from no one): the router sends the engine the identity it accepted, with
+the program's prior service and owner, as headers of its own (``dispatch``),
+so the engine has one source for each. The client's retention hint
+(``X-Autellix-Retention-Ttl``, its ``vllm_xargs`` key, or
+``agent_hint.cache_control.ttl``) is passed on the same way, as the client
+sent it: the engine clamps it to its residency bounds. It says how long to
+keep the program's context, never how it ranks. The body's ``agent_hint``
+itself is passed on as it came.
 
 Prompt size, for the locality threshold, is a cheap estimate that needs no
 tokenizer: the characters of the prompt text (message contents, text parts,
@@ -32,10 +34,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from autellix_vllm.policy.config import ResidencyConfig
 from autellix_vllm.protocol.identity import (
     AGENT_HINT_FIELD,
     IDENTITY_XARGS,
@@ -44,9 +45,9 @@ from autellix_vllm.protocol.identity import (
     CallIdentity,
     IdentityError,
     read_identity,
-    without_router_stated,
 )
 from autellix_vllm.protocol.paths import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, RESPONSES_PATH
+from autellix_vllm.protocol.trust import accepted
 from autellix_vllm.router.errors import ApiError
 
 # Keys of chat messages and response input items that hold prompt text.
@@ -54,8 +55,6 @@ _TEXT_KEYS = ("content", "text", "tool_calls", "function", "arguments", "output"
 # JSON values the prompt-size estimate looks at, at most: it is an estimate, and
 # a body of a million tiny parts must not hold the router up walking them.
 _MAX_PROMPT_NODES = 10_000
-# The engines' residency bounds (ResidencyConfig's defaults: engines take no others).
-_RESIDENCY = ResidencyConfig()
 
 
 @dataclass
@@ -68,8 +67,8 @@ class Call:
     model: str
     stream: bool
     identity: CallIdentity
-    """As accepted: no prior service or owner (the router states the program's
-    own), the retention hint within the engines' residency bounds."""
+    """As accepted, never changed after: no prior service or owner (the router
+    states the program's own, ``dispatch``), the retention hint as sent."""
     prompt_tokens: int
     # The router asked for stream usage the client did not: drop that chunk.
     usage_injected: bool = False
@@ -115,9 +114,8 @@ def read_call(
         raise ApiError(400, "model must be a string", "invalid_type", "model")
     if model not in models:
         raise ApiError(404, _unknown_model(model, models), "model_not_found", "model")
-    identity = without_router_stated(_identity(body, headers))
-    if identity.retention_ttl_s is not None:
-        identity = replace(identity, retention_ttl_s=clamped_ttl(identity.retention_ttl_s))
+    # A client never states the router's fields: the router's edge trusts no one.
+    identity = accepted(_identity(body, headers), may_state=False)
     call = Call(
         path=path,
         body=body,
@@ -153,12 +151,6 @@ def _identity(body: dict[str, Any], headers: Mapping[str, str]) -> CallIdentity:
         )
     except IdentityError as error:
         raise ApiError(400, str(error), error.code, error.param) from None
-
-
-def clamped_ttl(ttl_s: float | None) -> float | None:
-    """A client's retention hint within the engines' residency bounds (they clamp
-    it the same way; the router sends no value they would not hold)."""
-    return None if ttl_s is None else _RESIDENCY.bounded_ttl_s(ttl_s)
 
 
 def _strip_scheduling_fields(body: dict[str, Any]) -> bool:

@@ -6,7 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
+from autellix_vllm.policy.config import DEFAULT_BOUNDS, TableBounds
 from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD, make_balancer
 from autellix_vllm.router.keys import KeyRing, check_key, load_api_keys
 
@@ -48,24 +48,18 @@ class RouterConfig:
     # reached or drops the call before answering.
     max_attempts: int = 3
     connect_timeout_s: float = 5.0
-    # Ended program ids remembered (so that late calls get 404), oldest forgotten first.
-    ended_ids_kept: int = 100_000
-    # Programs with nothing in flight are dropped from the table after this long idle.
-    idle_ttl_s: float = 600.0
     # Name programs for calls that name none, from what such clients send
     # (router.derived): session headers, prompt_cache_key and the like, and with
     # prefix_programs, calls that extend an earlier call's messages.
     derived_programs: bool = True
     prefix_programs: bool = True
     # A derived program with nothing in flight for this long is ended (its client
-    # never ends it); less than idle_ttl_s, which drops (not ends) any program.
+    # never ends it); less than table.idle_ttl_s, which drops (not ends) any program.
     derived_idle_end_s: float = 300.0
-    # Programs in the table, in all and per key; when full (after dropping idle
-    # programs) a new program is refused with 429 too_many_programs.
-    max_programs: int = 100_000
-    max_programs_per_key: int = 10_000
-    # How large one program may grow (threads, fork depth, live calls, prior service).
-    limits: ProgramLimits = DEFAULT_LIMITS
+    # The table's bounds: programs in all and per key, ended ids kept, the idle
+    # TTL, and how large one program may grow (autellix serve gives its engines
+    # the same idle TTL and program limits).
+    table: TableBounds = DEFAULT_BOUNDS
     # Idle pooled connections to an engine are closed after this long: less than
     # the engines' own keep-alive (uvicorn: 5 s), so the router never reuses a
     # connection the engine is closing.
@@ -104,11 +98,7 @@ class RouterConfig:
             "health_failures": self.health_failures,
             "max_attempts": self.max_attempts,
             "connect_timeout_s": self.connect_timeout_s,
-            "ended_ids_kept": self.ended_ids_kept,
-            "idle_ttl_s": self.idle_ttl_s,
             "derived_idle_end_s": self.derived_idle_end_s,
-            "max_programs": self.max_programs,
-            "max_programs_per_key": self.max_programs_per_key,
             "engine_keepalive_s": self.engine_keepalive_s,
         }
         for name, value in positive.items():

@@ -18,9 +18,10 @@ Owners: a program belongs to the client (key) that opened it. Another client
 gets 404 ``program_not_found`` for it, whether it calls, ends or lists it, as
 for an id never seen; the admin key sees every program.
 
-Bounds, all refused before anything changes: programs in the table, in all
-and per owner (429 ``too_many_programs``, after dropping idle ones); one
-program's threads, fork depth and live calls (400, ``policy.config.ProgramLimits``);
+Bounds (``policy.config.TableBounds``), all refused before anything changes:
+programs in the table, in all and per key (429 ``too_many_programs``, after
+dropping idle ones); one program's threads, fork depth and live calls (400,
+``policy.config.ProgramLimits``);
 a call id in flight or already completed (409 ``call_id_reused``). A call id
 may be used again only by a retry of an attempt that did not complete.
 """
@@ -45,7 +46,7 @@ from autellix_vllm.policy.bounded import (
     RecentMap,
     swept_all,
 )
-from autellix_vllm.policy.config import DEFAULT_LIMITS, ProgramLimits
+from autellix_vllm.policy.config import DEFAULT_BOUNDS, TableBounds
 from autellix_vllm.policy.forks import LimitCrossed, limit_crossed, new_threads
 from autellix_vllm.policy.routing import Route
 from autellix_vllm.protocol.identity import (
@@ -208,25 +209,19 @@ class ProgramTable:
 
     def __init__(
         self,
-        ended_ids_kept: int,
-        idle_ttl_s: float,
+        bounds: TableBounds = DEFAULT_BOUNDS,
         clock: Callable[[], float] = time.time,
         on_drop: Callable[[str], None] = lambda program_id: None,
         *,
-        max_programs: int = 100_000,
-        max_programs_per_owner: int = 10_000,
-        limits: ProgramLimits = DEFAULT_LIMITS,
         ended_rows_kept: int = ENDED_ROWS_KEPT,
     ) -> None:
         self.clock = clock
         # Told the id of every program that leaves the table (ended or idle), so
         # that what else is kept per program (the balancer's binding) goes too.
         self.on_drop = on_drop
-        self.max_programs = max_programs
-        self.max_programs_per_owner = max_programs_per_owner
-        self.limits = limits
-        self._programs: IdleTable[ProgramRecord] = IdleTable(idle_ttl_s)
-        self._ended: RecentMap[str] = RecentMap(ended_ids_kept)  # ended id -> its owner
+        self.bounds = bounds
+        self._programs: IdleTable[ProgramRecord] = IdleTable(bounds.idle_ttl_s)
+        self._ended: RecentMap[str] = RecentMap(bounds.ended_ids_kept)  # ended id -> its owner
         self.ended_rows_kept = ended_rows_kept
         # Owner -> the final rows of its programs that ended last, oldest first.
         self._ended_rows: dict[str, deque[dict[str, Any]]] = {}
@@ -279,7 +274,7 @@ class ProgramTable:
         known = record.threads if record is not None else {}
         created = new_threads(identity.thread_id, identity.parent_thread_id, known.get)
         live_calls = record.calls_active if record is not None else 0
-        crossed = limit_crossed(self.limits, len(known), live_calls, created)
+        crossed = limit_crossed(self.bounds.limits, len(known), live_calls, created)
         if crossed is not None:
             raise ProgramLimitExceeded(crossed)
         if record is None:
@@ -454,22 +449,23 @@ class ProgramTable:
         """Drop idle programs; refuse a new one if the table or the caller's share
         of it is still full."""
         self.evict_idle()  # stops at the first program that is not idle: cheap
-        if len(self._programs) >= self.max_programs:
+        bounds = self.bounds
+        if len(self._programs) >= bounds.max_programs:
             raise TooManyPrograms(
-                f"the router holds {self.max_programs} programs, its limit; end programs"
+                f"the router holds {bounds.max_programs} programs, its limit; end programs"
                 " that are done"
             )
         owned = self._opened_by_owner.get(caller.owner)
-        if owned is not None and len(owned) >= self.max_programs_per_owner:
+        if owned is not None and len(owned) >= bounds.max_programs_per_key:
             raise TooManyPrograms(
-                f"this key has {self.max_programs_per_owner} programs open, its limit; end"
+                f"this key has {bounds.max_programs_per_key} programs open, its limit; end"
                 " programs that are done"
             )
 
     def _refuse_ended(
         self, program_id: str, caller: Client, param: str = PROGRAM_ID_HEADER
     ) -> None:
-        owner = self._ended.get(program_id, None)
+        owner = self._ended.get(program_id)
         if owner is None:
             return
         if caller.may_see(owner):
