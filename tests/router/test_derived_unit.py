@@ -12,6 +12,7 @@ from autellix_vllm.router.derived import (
     Derived,
     ProgramDeriver,
     _fingerprint,
+    session_headers,
 )
 from autellix_vllm.router.programs import ProgramRecord
 
@@ -41,6 +42,18 @@ def chat(deriver: ProgramDeriver, messages: list[Any], owner: str = "alice", **b
 
 
 # ---- named by a value ------------------------------------------------------------------
+
+
+def test_a_call_keeps_its_session_headers_read_once_when_it_is_accepted() -> None:
+    """The deriver reads what was accepted (``Call.session_headers``), not the
+    request's headers again: only the session headers, named in lower case."""
+    from autellix_vllm.router.calls import read_call
+    from multidict import CIMultiDict
+
+    headers = CIMultiDict({"Session-Id": " s-1 ", "X-Session-Affinity": "", "Cookie": "c"})
+    assert session_headers(headers) == {"session-id": "s-1"}
+    call = read_call(CHAT, b'{"model": "m", "messages": []}', headers, {"m"}, 4.0)
+    assert call.session_headers == {"session-id": "s-1"}
 
 
 def test_the_sources_are_read_in_the_documented_order() -> None:

@@ -116,4 +116,4 @@ def prior_service(service: float, limits: ProgramLimits) -> float | None:
     at most ``limits.max_prior_service``); None when it has none yet."""
     if service <= 0:
         return None
-    return round(min(service, limits.max_prior_service), 3)
+    return round(limits.bounded_prior_service(service), 3)

@@ -5,8 +5,10 @@ Identity is read exactly as the engines read it
 headers, else the body's ``vllm_xargs`` keys; the program id falls back to the
 session id. A malformed value is a 400 here, before any engine sees the call.
 The call record (:class:`Call`) carries the accepted
-:class:`~autellix_vllm.protocol.identity.CallIdentity` whole: the process
-table takes it, and the dispatcher sends it on as headers.
+:class:`~autellix_vllm.protocol.identity.CallIdentity` whole, and the session
+headers a program may be derived from; neither changes after: the process
+table takes the identity, and the dispatcher keeps what it adds (a derived
+program, the owner) in a record of its own (``admission.Admitted``).
 
 Then every scheduling field the client put in the body (the ``autellix_*``
 keys of ``vllm_xargs``, the prior service among them) is removed, and what
@@ -34,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autellix_vllm.protocol.identity import (
@@ -48,6 +50,7 @@ from autellix_vllm.protocol.identity import (
 )
 from autellix_vllm.protocol.paths import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from autellix_vllm.protocol.trust import accepted
+from autellix_vllm.router.derived import session_headers
 from autellix_vllm.router.errors import ApiError
 
 # Keys of chat messages and response input items that hold prompt text.
@@ -70,6 +73,9 @@ class Call:
     """As accepted, never changed after: no prior service or owner (the router
     states the program's own, ``dispatch``), the retention hint as sent."""
     prompt_tokens: int
+    # Its session headers (router.derived.session_headers), what a program is
+    # derived from besides the body when the call names none.
+    session_headers: dict[str, str] = field(default_factory=dict)
     # The router asked for stream usage the client did not: drop that chunk.
     usage_injected: bool = False
 
@@ -124,6 +130,7 @@ def read_call(
         stream=body.get("stream") is True,
         identity=identity,
         prompt_tokens=estimate_prompt_tokens(path, body, chars_per_token),
+        session_headers=session_headers(headers),
     )
     changed = _strip_scheduling_fields(body)
     if call.stream and path != RESPONSES_PATH:

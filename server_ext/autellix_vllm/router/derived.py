@@ -100,6 +100,18 @@ _MODEL_ROLES = frozenset({"assistant"})
 _MODEL_ITEM_TYPES = frozenset({"function_call", "reasoning", "custom_tool_call"})
 
 
+def session_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The :data:`SESSION_HEADERS` among a call's ``headers`` that have a value
+    (lower-case names, values stripped): read once, when the call is accepted,
+    and all :meth:`ProgramDeriver.derive` reads of its headers."""
+    found = {}
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value and value.strip():
+            found[name] = value.strip()
+    return found
+
+
 @dataclass(frozen=True)
 class Derived:
     """A program named for a call that named none."""
@@ -142,7 +154,8 @@ class ProgramDeriver:
         self, path: str, body: Mapping[str, Any], headers: Mapping[str, str], owner: str
     ) -> Derived | None:
         """The program of a call from ``owner`` that named none, opened if new;
-        None if nothing in the call names one."""
+        None if nothing in the call names one. ``headers``: its session headers
+        (:func:`session_headers`; other headers are not read)."""
         for name in SESSION_HEADERS:
             value = headers.get(name)
             if value and value.strip():

@@ -9,11 +9,14 @@ error shape).
 
 What the engine is told: the client's headers without its credentials and
 without any scheduling header; in their place the identity the router
-accepted (``X-Autellix-Program-Id``, ``-Thread-Id``, ``-Parent-Thread-Id``,
-``-Call-Id``), the program's service summed over all engines
-(``X-Autellix-Prior-Service``, at most ``ProgramLimits.max_prior_service``),
-the program's owner (``X-Autellix-Owner``: the key that opened it) and the
-client's retention hint, clamped (``X-Autellix-Retention-Ttl``).
+accepted (``X-Autellix-Program-Id``, the derived one for a call that named
+none, ``-Thread-Id``, ``-Parent-Thread-Id``, ``-Call-Id``), the program's
+service summed over all engines (``X-Autellix-Prior-Service``, at most
+``ProgramLimits.max_prior_service``), the program's owner
+(``X-Autellix-Owner``: the key that opened it) and the client's retention hint
+as sent (``X-Autellix-Retention-Ttl``; the engine clamps it). What the router
+adds is kept in its own record (``admission.Admitted``); the accepted call
+(``calls.Call``) is not changed.
 The engine key travels as the session's ``Authorization`` (``app``).
 
 Failover: a call whose engine cannot be reached, or drops the connection
@@ -48,7 +51,13 @@ from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
 from autellix_vllm.protocol.identity import IDENTITY_HEADERS
 from autellix_vllm.protocol.openai_errors import error_body, normalized_error
-from autellix_vllm.router.admission import admit, answered, prior_service, states_prior_service
+from autellix_vllm.router.admission import (
+    Admitted,
+    admit,
+    answered,
+    prior_service,
+    states_prior_service,
+)
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.derived import ProgramDeriver
@@ -153,10 +162,9 @@ class Dispatcher:
             caller,
             call.path,
             call.body,
-            request.headers,
+            call.session_headers,
         )
         record = admitted.record
-        call.identity = admitted.identity
         if record is None:
             self.metrics.calls_without_program.inc()
             key = f"anonymous-{next(self._anonymous)}"
@@ -164,7 +172,7 @@ class Dispatcher:
             key = record.program_id
         outcome = Outcome()
         try:
-            await self._send_with_retries(request, call, key, record, outcome)
+            await self._send_with_retries(request, call, key, admitted, outcome)
         finally:
             if record is not None:
                 self.programs.call_finished(
@@ -217,7 +225,7 @@ class Dispatcher:
         request: web.Request,
         call: Call,
         key: str,
-        record: ProgramRecord | None,
+        admitted: Admitted,
         outcome: Outcome,
     ) -> None:
         failed: list[Engine] = []  # not tried again
@@ -226,12 +234,12 @@ class Dispatcher:
         send = self._send_stream if call.stream else self._send_whole
 
         async def attempt() -> None:
-            engine = self.choose(call, key, record, exclude=failed)
+            engine = self.choose(call, key, admitted.record, exclude=failed)
             if previous:
                 self.metrics.retried(previous[-1].name)
             previous.append(engine)
             try:
-                await send(request, call, engine, self._headers(request, call, record, engine),
+                await send(request, call, engine, self._headers(request, admitted, engine),
                            outcome)  # fmt: skip
             except EngineUnreachable as error:
                 if error.stale and engine not in stale:
@@ -263,16 +271,16 @@ class Dispatcher:
                 "engine_unreachable",
             ) from None
 
-    def _headers(
-        self, request: web.Request, call: Call, record: ProgramRecord | None, engine: Engine
-    ) -> dict[str, str]:
+    def _headers(self, request: web.Request, admitted: Admitted, engine: Engine) -> dict[str, str]:
+        """The client's headers but the dropped ones, and the identity the engine
+        is told: the admitted one, with the program's prior service."""
         headers = {
             name: value
             for name, value in request.headers.items()
             if name.lower() not in _DROPPED_HEADERS
         }
-        identity = call.identity
-        prior_service = self._prior_service(record, engine)
+        identity = admitted.identity
+        prior_service = self._prior_service(admitted.record, engine)
         if prior_service is not None:
             identity = replace(identity, prior_service=prior_service)
         headers.update(identity.as_headers())
