@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
+# mypy first (its packages are listed in pyproject.toml's [tool.mypy]): a type error
+# fails in seconds, before the suite's minutes.
 test: install
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # The demo: ReAct agents next to MCTS searches (examples/) on the real model, 4 seats,

@@ -93,6 +93,7 @@ class _AutellixClientMixin:
             "retry_backoff_seconds": _given_or(retry_backoff_seconds, policy.backoff_seconds),
             "_autellix_copy": True,
         }
+        # The openai client class this is mixed into defines `copy`.
         return super().copy(**openai_overrides, _extra_kwargs=extra_kwargs)  # type: ignore[misc]
 
     with_options = copy

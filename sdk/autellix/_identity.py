@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 _NOT_ID_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _MAX_NAME_CHARS = 40
@@ -111,6 +111,8 @@ class _Binding:
 
 
 _current: ContextVar[_Binding | None] = ContextVar("autellix_thread", default=None)
+# What `bind` returns and `unbind` takes back.
+BindToken: TypeAlias = Token[_Binding | None]
 
 # asyncio names a task it was not given a name for "Task-<n>"; that says nothing,
 # so such a task's thread id gets no readable prefix.
@@ -167,7 +169,8 @@ def _waits_for(owner: object, task: asyncio.Task[Any]) -> bool:
     awaiting = owner.get_coro() if isinstance(owner, asyncio.Task) else None
     while inspect.iscoroutine(awaiting):
         if awaiting.cr_code is _WAIT_FOR_CODE:
-            return awaiting.cr_frame.f_locals.get("fut") is task
+            frame = awaiting.cr_frame  # None only once the coroutine has finished
+            return frame is not None and frame.f_locals.get("fut") is task
         awaiting = awaiting.cr_await
     return False
 
@@ -196,7 +199,7 @@ def current_thread() -> str | None:
     return identity.thread_id if identity else None
 
 
-def bind(identity: ThreadIdentity | None) -> Token[_Binding | None]:
+def bind(identity: ThreadIdentity | None) -> BindToken:
     """Make `identity` current in this context, owned by the running task (if any).
 
     Pass the token to `unbind` to undo it.
@@ -220,7 +223,7 @@ def bind_for_new_task(identity: ThreadIdentity) -> Callable[[asyncio.Task[Any]],
     return binding.claim
 
 
-def unbind(token: Token[_Binding | None]) -> None:
+def unbind(token: BindToken) -> None:
     """Restore the identity that was current before the matching `bind`."""
     _current.reset(token)
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from contextvars import Token
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, cast, overload
 
 import openai
 
 from ._client import newest_async_client, newest_sync_client
 from ._identity import (
+    BindToken,
     ThreadIdentity,
     bind,
     count_open_program,
@@ -54,7 +54,7 @@ class ProgramSession:
         self._client = client
         self._as_thread: ThreadBlock | None = None
         self._identity: ThreadIdentity | None = None
-        self._token: Token[ThreadIdentity | None] | None = None
+        self._token: BindToken | None = None
         # The client whose server opened the program; None for a local program.
         self._server: Any = None
 
@@ -163,9 +163,10 @@ def program(
             @functools.wraps(fn)
             async def run_async_program(*args: P.args, **kwargs: P.kwargs) -> Any:
                 async with ProgramSession(program_name, client=client):
-                    return await fn(*args, **kwargs)  # type: ignore[misc]
+                    return await fn(*args, **kwargs)
 
-            return run_async_program  # type: ignore[return-value]
+            # T is the coroutine `fn` returns; the wrapper returns one of the same type.
+            return cast(Callable[P, T], run_async_program)
 
         @functools.wraps(fn)
         def run_program(*args: P.args, **kwargs: P.kwargs) -> T:

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from ._identity import (
+    BindToken,
     ThreadIdentity,
     bind,
     bind_for_new_task,
@@ -81,7 +82,7 @@ class ThreadBlock:
 
     def __init__(self, name: str | None = None) -> None:
         self._name = name
-        self._token: contextvars.Token[ThreadIdentity | None] | None = None
+        self._token: BindToken | None = None
 
     def __enter__(self) -> ThreadIdentity | None:
         parent = identity_in_context()

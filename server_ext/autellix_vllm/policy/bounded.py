@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, overload
 
 # Call ids a program remembers, so that a retry of an attempt that did not
 # complete (same call id) is charged once, and a reuse of a completed id is
@@ -139,7 +139,12 @@ class RecentMap(Generic[ValueT]):
     def __contains__(self, key: object) -> bool:
         return key in self._values
 
-    def get(self, key: str, default: ValueT) -> ValueT:
+    @overload
+    def get(self, key: str) -> ValueT | None: ...
+    @overload
+    def get(self, key: str, default: ValueT) -> ValueT: ...
+    def get(self, key: str, default: ValueT | None = None) -> ValueT | None:
+        """The value of ``key``, or ``default`` if it was never written or is forgotten."""
         return self._values.get(key, default)
 
     def put(self, key: str, value: ValueT) -> None:
