@@ -23,9 +23,16 @@ def test_flags_reach_the_engines_the_router_the_directory_and_the_ingress():
     # Each replica picks its engine's port and key itself; a local cluster is one host.
     assert not {"host", "port", "api_key", "log_file"} & set(made.engine)
     assert made.engine["engines_on_host"] == 3
-    assert made.directory == {"bounds": TableBounds(max_programs=50)}
+    assert made.directory["bounds"] == TableBounds(max_programs=50)
+    assert made.directory["derived_programs"] and made.directory["prefix_programs"]
     assert made.engine["table"] == TableBounds(max_programs=50)
     assert made.ingress.max_attempts == 2 and made.ingress.key_ring().required
+
+
+def test_the_directory_derives_programs_as_the_router_is_told():
+    made = config("--no-derived-programs", "--derived-idle-end", "60")
+    assert not made.directory["derived_programs"]
+    assert made.directory["derived_idle_end_s"] == 60
 
 
 def test_on_a_cluster_the_engines_do_not_split_one_hosts_cores():

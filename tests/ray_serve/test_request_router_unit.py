@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("ray")
 
+from autellix_vllm.protocol.identity import CallIdentity  # noqa: E402
 from autellix_vllm.ray_serve.messages import EngineCall  # noqa: E402
 from autellix_vllm.ray_serve.request_router import ProgramAwareRouter  # noqa: E402
 from ray.serve._private.common import (  # noqa: E402
@@ -41,8 +42,9 @@ def pending(call: object, request_id: str = "i1") -> PendingRequest:
 
 def engine_call(program: str, tokens: int, bound: str | None = None, avoid=()) -> EngineCall:
     return EngineCall(
-        "/v1/chat/completions", b"{}", {}, False, program, tokens, bound, tuple(avoid)
-    )
+        "/v1/chat/completions", b"{}", CallIdentity(), False, program, tokens,
+        bound_replica=bound, avoid=tuple(avoid),
+    )  # fmt: skip
 
 
 @pytest.fixture

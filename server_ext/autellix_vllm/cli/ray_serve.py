@@ -95,7 +95,12 @@ def config_from_args(args: argparse.Namespace) -> object:
             engine_cpus=args.engine_cpus,
             engine_gpus=args.engine_gpus,
             health_check_period_s=args.health_interval,
-            directory={"bounds": table_bounds_from_args(args)},
+            directory={
+                "bounds": table_bounds_from_args(args),
+                "derived_programs": args.derived_programs,
+                "prefix_programs": args.prefix_programs,
+                "derived_idle_end_s": args.derived_idle_end,
+            },
             ingress=IngressSettings(
                 chars_per_token=args.chars_per_token,
                 max_attempts=args.max_attempts,

@@ -22,7 +22,7 @@ from typing import Any
 from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD, make_balancer
 from autellix_vllm.ray_serve._ray_adapter import RequestRouterConfig, serve
 from autellix_vllm.ray_serve.directory import ProgramDirectory
-from autellix_vllm.ray_serve.engine_replica import EngineReplica
+from autellix_vllm.ray_serve.engine_replica import GRACEFUL_SHUTDOWN_TIMEOUT_S, EngineReplica
 from autellix_vllm.ray_serve.ingress import Ingress, IngressSettings
 
 # ``router`` -> the request router class of the engine deployment.
@@ -84,6 +84,8 @@ def deployment_options(config: RayServeConfig) -> dict[str, dict[str, Any]]:
             "num_replicas": config.replicas,
             "max_ongoing_requests": config.max_ongoing_calls,
             "health_check_period_s": config.health_check_period_s,
+            # Time for a stopping replica to stop its engine (EngineReplica.__del__).
+            "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
             "ray_actor_options": {"num_cpus": config.engine_cpus, "num_gpus": config.engine_gpus},
             "request_router_config": RequestRouterConfig(
                 request_router_class=ROUTERS[config.router], request_router_kwargs=router_kwargs

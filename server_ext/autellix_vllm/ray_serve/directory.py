@@ -71,7 +71,7 @@ class ProgramDirectory:
         self.deriver = (
             ProgramDeriver(derived_idle_end_s, prefix_programs) if derived_programs else None
         )
-        on_drop = self.deriver.forget if self.deriver else lambda program_id: None
+        on_drop = self.deriver.forget if self.deriver is not None else lambda program_id: None
         self.table = ProgramTable(bounds, clock, on_drop)
         self._lock = threading.Lock()
 

@@ -11,10 +11,18 @@ one message when it is not streamed (:meth:`EngineReplica.answer`: a plain
 call costs less than a stream of one item). A cancelled call (the client left) closes the engine
 connection, which makes vLLM abort the request.
 
+What the engine is told: the identity the directory accepted (the owner
+included), and the program's service over every replica only if this engine
+counts service in the table's unit (``router.admission.states_prior_service``,
+the router's rule; the unit is read from the engine's table once, at start).
+
 Supervision: Serve's health check (:meth:`EngineReplica.check_health`) fails
 when the engine does not answer ``/health``, and Serve replaces the replica;
 the engine's reaper kills the engine when the replica's process dies, even by
-SIGKILL, so an engine never outlives its replica.
+SIGKILL, so an engine never outlives its replica. A replica that Serve stops
+(the application deleted, Serve shut down) stops its engine's whole process
+tree first and waits for it (``__del__``, within the deployment's
+:data:`GRACEFUL_SHUTDOWN_TIMEOUT_S`).
 
 Why a process, not vLLM's ``AsyncLLM`` inside the replica: the engine process
 is what ``autellix serve`` runs and tests, with its scheduler, middleware and
@@ -24,21 +32,30 @@ rebuild that wiring. The cost is one loopback HTTP hop per call.
 
 from __future__ import annotations
 
+import json
 import secrets
+import urllib.request
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess
+from autellix_vllm.protocol.paths import ENGINE_TABLE_PATH
 from autellix_vllm.ray_serve._ray_adapter import this_replica_name
 from autellix_vllm.ray_serve.messages import AnswerHead, EngineCall
+from autellix_vllm.router.admission import states_prior_service
 
 # Failures of the engine connection: before the answer's head, nothing was done.
 _ENGINE_FAILURES = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 _PASSED_BACK_HEADERS = ("Content-Type", "X-Request-Id")
 ENGINE_START_TIMEOUT_S = 600.0
 HEALTH_TIMEOUT_S = 5.0
+# An engine that has not exited this long after its SIGTERM is killed (SIGKILL)...
+ENGINE_STOP_TIMEOUT_S = 15.0
+# ...within the time Serve gives a stopping replica before it kills it (``app``).
+GRACEFUL_SHUTDOWN_TIMEOUT_S = ENGINE_STOP_TIMEOUT_S + 15.0
 
 
 class EngineReplica:
@@ -52,10 +69,21 @@ class EngineReplica:
         self.process.start()
         try:
             self.process.wait_healthy(ENGINE_START_TIMEOUT_S)
+            self.service_unit = self._read_service_unit()
         except Exception:
-            self.process.stop()
+            self.process.stop(ENGINE_STOP_TIMEOUT_S)
             raise
         self._session: aiohttp.ClientSession | None = None
+
+    def _read_service_unit(self) -> str | None:
+        """The unit the engine's table counts service in (None: it keeps no table)."""
+        request = urllib.request.Request(
+            self.process.base_url + ENGINE_TABLE_PATH + "?summary=1",
+            headers={"Authorization": f"Bearer {self.key}"},
+        )
+        with urllib.request.urlopen(request, timeout=HEALTH_TIMEOUT_S) as answer:
+            table = json.load(answer)
+        return table.get("service_unit") if table.get("enabled", False) else None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # made on the replica's event loop, at first use
@@ -101,10 +129,17 @@ class EngineReplica:
         """Send ``call`` to the engine; None if it could not take it (nothing was done)."""
         try:
             return await self._client().post(
-                self.process.base_url + call.path, data=call.raw, headers=call.headers
+                self.process.base_url + call.path, data=call.raw, headers=self._headers(call)
             )
         except _ENGINE_FAILURES:
             return None
+
+    def _headers(self, call: EngineCall) -> dict[str, str]:
+        """What the engine is told of ``call`` (see the module)."""
+        identity = call.identity
+        if call.prior_service is not None and states_prior_service(self.service_unit):
+            identity = replace(identity, prior_service=call.prior_service)
+        return {**identity.as_headers(), "Content-Type": "application/json"}
 
     async def models(self) -> list[dict[str, Any]]:
         """The engine's ``/v1/models`` entries."""
@@ -123,7 +158,7 @@ class EngineReplica:
         # Serve calls this when it stops the replica; the reaper covers a crash.
         process = getattr(self, "process", None)
         if process is not None:
-            process.stop()
+            process.stop(ENGINE_STOP_TIMEOUT_S)
 
 
 def _passed_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:

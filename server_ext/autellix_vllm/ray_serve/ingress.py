@@ -11,17 +11,21 @@ router's pieces doing the checking: keys (``router.keys``), reading a call
 (``router.usage``).
 
 Per call: the directory admits it (one round trip, carrying the reports of
-calls that ended since the last one), the call goes to an engine replica
-through the engines' handle (the program-aware request router places it), and
-how it ended is queued for the directory. The engine is told the identity
-the ingress accepted and the program's service over all replicas, never a
+calls that ended since the last one) by the router's own rules
+(``router.admission``): the program the call names, or for a call that names
+none, the one derived from its session headers and body as the router derives
+it; the call runs under its program's owner (else its caller's key). The call
+then goes to an engine replica through the engines' handle (the program-aware
+request router places it), and how it ended is queued for the directory. The
+engine is told the identity the directory accepted and the program's service
+over all replicas (its replica applies the router's rule on it), never a
 client's scheduling fields (``read_call`` strips them).
 
 Failover: a call whose replica died, or whose engine could not take it,
 before any byte reached the client, is sent again (same body and call id) to
-another replica, up to ``max_attempts`` tries: a whole answer is collected
-before it is relayed, so only a stream can break after its start, and it
-then ends with the router's ``engine_failed_mid_stream`` event.
+another replica, up to ``max_attempts`` tries (tenacity, as in the router): a
+whole answer is collected before it is relayed, so only a stream can break
+after its start, and it then ends with the router's ``engine_failed_mid_stream`` event.
 """
 
 from __future__ import annotations
@@ -31,21 +35,27 @@ import itertools
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.protocol.bearer import INVALID_KEY_CODE
-from autellix_vllm.protocol.identity import IdentityError, validate_id
-from autellix_vllm.protocol.openai_errors import error_body, normalized_error, status_error_code
+from autellix_vllm.protocol.identity import CallIdentity, IdentityError, validate_id
+from autellix_vllm.protocol.openai_errors import (
+    error_answer,
+    mid_stream_error_event,
+    normalized_error,
+    status_error_code,
+)
 from autellix_vllm.protocol.paths import GENERATION_PATHS, PROGRAMS_PATH
 from autellix_vllm.ray_serve._ray_adapter import REPLICA_FAILURES, DeploymentHandle
 from autellix_vllm.ray_serve.messages import (
-    Admission,
     AnswerHead,
+    Arrival,
     CallReport,
     EngineCall,
     Refusal,
@@ -56,7 +66,7 @@ from autellix_vllm.router.config import DEFAULT_MAX_BODY_BYTES
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing, load_api_keys
 from autellix_vllm.router.params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, program_name, query_int
-from autellix_vllm.router.usage import SseRelay, service_from_body
+from autellix_vllm.router.usage import SseRelay, read_answer
 
 log = logging.getLogger("autellix.ray_serve")
 
@@ -100,6 +110,10 @@ class _Sent:
     head: AnswerHead
     body: Any  # a stream's rest (the replica's answer stream, after the head); None if whole
     first: bytes  # for a stream: its first chunk; for a whole answer: all of it
+
+
+class _NotAnswered(Exception):
+    """No replica answered a call this time (nothing reached the client): try again."""
 
 
 class Ingress:
@@ -183,35 +197,34 @@ class Ingress:
             await self._known(),
             self.settings.chars_per_token,
         )
-        admission: Admission | None = None
-        if call.identity.program_id is not None:
-            arrival = call.identity
-            admission = _accepted(
-                await self.directory.admit.remote(arrival, caller, self.reports.take())
-            )
+        admission = _accepted(
+            await self.directory.admit.remote(_arrival(call), caller, self.reports.take())
+        )
+        identity = admission.identity
         engine_call = EngineCall(
             path=call.path,
             raw=call.raw,
-            headers=_engine_headers(call, admission),
+            identity=identity,
             stream=call.stream,
-            program_key=call.identity.program_id or f"anonymous-{next(self._anonymous)}",
+            program_key=identity.program_id or f"anonymous-{next(self._anonymous)}",
             prompt_tokens=call.prompt_tokens,
-            bound_replica=admission.bound_replica if admission else None,
+            prior_service=admission.prior_service,
+            bound_replica=admission.bound_replica,
         )
         try:
             sent = await self._send(engine_call)
         except BaseException:
-            self._report(call, None, None, completed=False)
+            self._report(call, identity, None, None, completed=False)
             raise
         if call.stream and sent.head.status == 200:
             return StreamingResponse(
-                self._relay(call, sent),
+                self._relay(call, identity, sent),
                 status_code=200,
                 headers={**sent.head.headers, "Cache-Control": "no-cache"},
             )
         completed = sent.head.status == 200
-        service = service_from_body(sent.first, self.meter) if completed else None
-        self._report(call, sent.head, service, completed)
+        service, response_id = read_answer(sent.first, self.meter) if completed else (None, None)
+        self._report(call, identity, sent.head, service, completed, response_id)
         body = sent.first
         if sent.head.status >= 400:
             body = json.dumps(normalized_error(sent.head.status, body)).encode()
@@ -223,9 +236,9 @@ class Ingress:
 
     async def _send(self, engine_call: EngineCall) -> _Sent:
         """Send the call to a replica, and again to another while none could answer."""
-        failed: list[str] = []
-        last = "no replica answered"
-        for _ in range(self.settings.max_attempts):
+        failed: list[str] = []  # replicas that could not answer it, ranked last
+
+        async def attempt() -> _Sent:
             engine_call.avoid = tuple(failed)
             # The session id is the program's: Ray's consistent-hash router keys on it.
             handle = self.engines.options(session_id=engine_call.program_key)
@@ -238,25 +251,30 @@ class Ingress:
                     head = await handle.answer.remote(engine_call)
                 if head.engine_failed:
                     failed.append(head.replica)
-                    last = f"the engine of replica {head.replica} could not take the call"
-                    continue
+                    raise _NotAnswered(f"the engine of replica {head.replica} could not take it")
                 first = head.body if head.body is not None else await anext(stream, b"")
             except REPLICA_FAILURES as error:
                 if stream is not None:
                     stream.cancel()
                 if engine_call.placed_on is not None:
                     failed.append(engine_call.placed_on)
-                last = f"{type(error).__name__}: {error}"
-                log.warning("call of %s: a replica failed: %s", engine_call.program_key, last)
-                continue
+                log.warning("call of %s: a replica failed: %s", engine_call.program_key, error)
+                raise _NotAnswered(f"{type(error).__name__}: {error}") from error
             return _Sent(head, stream, first)
-        raise ApiError(
-            502,
-            f"no engine could answer after {self.settings.max_attempts} tries; last: {last}",
-            "engine_unreachable",
-        )
 
-    async def _relay(self, call: Call, sent: _Sent) -> AsyncIterator[bytes]:
+        tries = self.settings.max_attempts
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(tries),
+            retry=retry_if_exception_type(_NotAnswered),
+            reraise=True,
+        )
+        try:
+            return await retrying(attempt)
+        except _NotAnswered as error:
+            message = f"no engine could answer after {tries} tries; last: {error}"
+            raise ApiError(502, message, "engine_unreachable") from None
+
+    async def _relay(self, call: Call, identity: CallIdentity, sent: _Sent) -> AsyncIterator[bytes]:
         chunks = _Chunks()
         relay = SseRelay(chunks, self.meter, drop_usage=call.usage_injected)
         completed = False
@@ -273,9 +291,7 @@ class Ingress:
                     "replica %s broke a stream after it started: %s", sent.head.replica, error
                 )
                 await relay.finish()
-                message = f"the engine failed during the stream: {type(error).__name__}"
-                event = error_body(502, message, "engine_failed_mid_stream")
-                yield chunks.take() + b"data: " + json.dumps(event).encode() + b"\n\n"
+                yield chunks.take() + mid_stream_error_event(error)
                 return
             await relay.finish()
             yield chunks.take()
@@ -284,23 +300,32 @@ class Ingress:
             if not completed:
                 sent.body.cancel()
             service = relay.service_so_far(call.prompt_tokens)
-            self._report(call, sent.head, service, completed)
+            self._report(call, identity, sent.head, service, completed, relay.response_id)
 
     # ---- the directory's reports ---------------------------------------------------------
 
     def _report(
-        self, call: Call, head: AnswerHead | None, service: float | None, completed: bool
+        self,
+        call: Call,
+        identity: CallIdentity,
+        head: AnswerHead | None,
+        service: float | None,
+        completed: bool,
+        response_id: str | None = None,
     ) -> None:
-        if call.identity.program_id is None:
+        """Queue how a call of ``identity``'s program ended (a call without one: nothing)."""
+        if identity.program_id is None:
             return
         self.reports.add(
             CallReport(
-                call.identity.program_id,
-                call.identity.call_id,
+                identity.program_id,
+                identity.call_id,
                 head.replica if head else None,
                 head.route if head else None,
                 service,
                 completed,
+                call.path,
+                response_id,
             )
         )
 
@@ -354,15 +379,14 @@ def _accepted(answer: Any) -> Any:
     return answer
 
 
-def _engine_headers(call: Call, admission: Admission | None) -> dict[str, str]:
-    """What the engine is told: the accepted identity and the program's service."""
-    prior = round(admission.service, 3) if admission and admission.service > 0 else None
-    headers = replace(call.identity, prior_service=prior).as_headers()
-    headers["Content-Type"] = "application/json"
-    return headers
+def _arrival(call: Call) -> Arrival:
+    """What the directory admits ``call`` by: its identity, and for a call that
+    names no program, what one may be derived from."""
+    if call.identity.program_id is not None:
+        return Arrival(call.identity)
+    return Arrival(call.identity, call.path, call.body, call.session_headers)
 
 
 def _error_response(error: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    body = error_body(error.status, error.message, error.code, error.param)
-    return JSONResponse(body, status_code=error.status, headers=headers)
+    answer = error_answer(error.status, error.message, error.code, error.param)
+    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)

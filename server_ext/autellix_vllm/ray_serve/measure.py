@@ -45,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.protocol.paths import CHAT_COMPLETIONS_PATH, PROGRAMS_PATH
 from autellix_vllm.ray_serve._ray_adapter import ray, serve
 from autellix_vllm.ray_serve.app import RayServeConfig, build_app
@@ -151,9 +152,8 @@ def breakdown(calls: int) -> dict[str, Any]:
         body = {"model": _model(ray_client), "max_tokens": 1,
                 "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
         engine_call = EngineCall(
-            path=CHAT_COMPLETIONS_PATH, raw=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"}, stream=False,
-            program_key="breakdown", prompt_tokens=2,
+            path=CHAT_COMPLETIONS_PATH, raw=json.dumps(body).encode(), identity=CallIdentity(),
+            stream=False, program_key="breakdown", prompt_tokens=2,
         )  # fmt: skip
         # An agent's call names its program: the ingress asks the directory, the
         # router its table. A call without one skips both.

@@ -3,17 +3,23 @@ each other (plain, picklable data; no Ray, no web framework)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from autellix_vllm.policy.routing import Route
+from autellix_vllm.protocol.identity import CallIdentity
 
 
 @dataclass
 class EngineCall:
     """One call for an engine replica, as the ingress accepted it.
 
-    ``headers`` are what the engine is told (the accepted identity, the prior
-    service, the content type), never the client's credentials. ``program_key``
+    ``identity`` is what the engine is told (the identity the directory
+    accepted, with the owner), and ``prior_service`` the program's service over
+    every replica, which the replica states only if its engine counts service
+    as the table does (``router.admission.states_prior_service``). The client's
+    headers, credentials included, never travel. ``program_key``
     and ``prompt_tokens`` are what the request router places the call by, with
     ``bound_replica``, the program's binding in the table. ``avoid`` names
     replicas that already failed this call. ``route`` and ``placed_on`` (the
@@ -24,10 +30,11 @@ class EngineCall:
 
     path: str
     raw: bytes
-    headers: dict[str, str]
+    identity: CallIdentity
     stream: bool
     program_key: str
     prompt_tokens: int
+    prior_service: float | None = None
     bound_replica: str | None = None
     avoid: tuple[str, ...] = ()
     route: Route | None = None
@@ -51,11 +58,27 @@ class AnswerHead:
 
 
 @dataclass(frozen=True)
-class Admission:
-    """The directory let a call in: the program's service over every replica
-    (for ``X-Autellix-Prior-Service``) and the replica it is bound to, if any."""
+class Arrival:
+    """A call for the directory to admit (``ProgramDirectory.admit``): its identity
+    as read, and for a call that names no program, what a program is derived
+    from (``router.derived``): its path, body and session headers (lower-case
+    names; never the client's credentials)."""
 
-    service: float
+    identity: CallIdentity
+    path: str = ""
+    body: Mapping[str, Any] = field(default_factory=dict)
+    session_headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The directory let a call in: the identity the engine is told (the derived
+    program id, if one was derived, and the owner the call runs under), the
+    program's service over every replica as an engine is told it (None: none),
+    and the replica the program is bound to, if any."""
+
+    identity: CallIdentity
+    prior_service: float | None
     bound_replica: str | None
 
 
@@ -80,6 +103,8 @@ class CallReport:
     route: Route | None  # how the request router placed it
     service: float | None
     completed: bool
+    path: str = ""
+    response_id: str | None = None  # a response's id (a later previous_response_id)
 
 
 @dataclass
