@@ -509,6 +509,8 @@ class ProgramScheduler:
                 {
                     "program_id": program.program_id,
                     "name": program.name,
+                    # Whose fair share of held KV it draws on (the key's owner id).
+                    "owner": program.owner,
                     "engine": program.engine,
                     "threads": len(program.threads),
                     "active_calls": len(active),
