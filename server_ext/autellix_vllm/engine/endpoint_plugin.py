@@ -40,7 +40,7 @@ from autellix_vllm.engine.metrics import register_metrics
 from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol.bearer import INVALID_KEY_CODE, holds_key
 from autellix_vllm.protocol.identity import IdentityError, validate_id
-from autellix_vllm.protocol.openai_errors import error_body
+from autellix_vllm.protocol.openai_errors import error_answer
 from autellix_vllm.protocol.paths import (
     ENGINE_PROGRAM_PATH,
     ENGINE_TABLE_MAX_IDS,
@@ -57,10 +57,8 @@ INVALID_PARAMETER = "invalid_parameter"
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(
-        error_body(status, message, code, param), status_code=status, headers=headers
-    )
+    answer = error_answer(status, message, code, param)
+    return JSONResponse(answer.body, status_code=answer.status, headers=answer.headers)
 
 
 class TableCache:

@@ -1,13 +1,16 @@
 """The error body, OpenAI's shape, from the router and the engines alike.
 
-:func:`error_body` makes it; :func:`normalized_error` puts any other error
-answer (vLLM's own, FastAPI's, aiohttp's) in that shape, keeping its status
-and message.
+:func:`error_body` makes it and :func:`error_answer` the whole answer (a 401's
+``WWW-Authenticate`` header too), which each web framework only wraps;
+:func:`normalized_error` puts any other error answer (vLLM's own, FastAPI's,
+aiohttp's) in that shape, keeping its status and message;
+:func:`mid_stream_error_event` ends a stream the engine broke.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from autellix_vllm.protocol.bearer import INVALID_KEY_CODE
@@ -55,6 +58,34 @@ def error_body(status: int, message: str, code: str, param: str | None = None) -
     ``model_not_found``; ``param`` names the offending parameter, if any.
     """
     return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """An error answer, for any web framework to send: status, JSON body, headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def error_answer(status: int, message: str, code: str, param: str | None = None) -> ErrorAnswer:
+    """The answer of an error: :func:`error_body`, and for a 401 the
+    ``WWW-Authenticate: Bearer`` header that says how to authenticate (RFC 9110)."""
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    return ErrorAnswer(status, error_body(status, message, code, param), headers)
+
+
+MID_STREAM_FAILURE_CODE = "engine_failed_mid_stream"
+
+
+def mid_stream_error_event(error: BaseException) -> bytes:
+    """The last server-sent event of a stream the engine broke after it started
+    (too late to retry or change the status): a 502 error body, code
+    :data:`MID_STREAM_FAILURE_CODE`."""
+    message = f"the engine failed during the stream: {type(error).__name__}"
+    event = error_body(502, message, MID_STREAM_FAILURE_CODE)
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
 def normalized_error(status: int, body: bytes) -> dict[str, Any]:

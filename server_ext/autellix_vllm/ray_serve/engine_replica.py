@@ -46,10 +46,8 @@ from autellix_vllm.protocol.paths import ENGINE_TABLE_PATH
 from autellix_vllm.ray_serve._ray_adapter import this_replica_name
 from autellix_vllm.ray_serve.messages import AnswerHead, EngineCall
 from autellix_vllm.router.admission import states_prior_service
+from autellix_vllm.router.engines import ENGINE_CONNECTION_FAILURES, passed_back_headers
 
-# Failures of the engine connection: before the answer's head, nothing was done.
-_ENGINE_FAILURES = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
-_PASSED_BACK_HEADERS = ("Content-Type", "X-Request-Id")
 ENGINE_START_TIMEOUT_S = 600.0
 HEALTH_TIMEOUT_S = 5.0
 # An engine that has not exited this long after its SIGTERM is killed (SIGKILL)...
@@ -103,7 +101,9 @@ class EngineReplica:
             body = await upstream.read()
         finally:
             upstream.release()
-        return AnswerHead(upstream.status, _passed_back(upstream), self.name, call.route, body)
+        return AnswerHead(
+            upstream.status, passed_back_headers(upstream), self.name, call.route, body
+        )
 
     async def generate(self, call: EngineCall) -> AsyncIterator[AnswerHead | bytes]:
         """The engine's answer to a streamed call: its head, then the stream's bytes
@@ -116,10 +116,10 @@ class EngineReplica:
             if upstream.status != 200:
                 body = await upstream.read()
                 yield AnswerHead(
-                    upstream.status, _passed_back(upstream), self.name, call.route, body
+                    upstream.status, passed_back_headers(upstream), self.name, call.route, body
                 )
                 return
-            yield AnswerHead(upstream.status, _passed_back(upstream), self.name, call.route)
+            yield AnswerHead(upstream.status, passed_back_headers(upstream), self.name, call.route)
             async for chunk in upstream.content.iter_any():
                 yield chunk
         finally:
@@ -131,7 +131,7 @@ class EngineReplica:
             return await self._client().post(
                 self.process.base_url + call.path, data=call.raw, headers=self._headers(call)
             )
-        except _ENGINE_FAILURES:
+        except ENGINE_CONNECTION_FAILURES:
             return None
 
     def _headers(self, call: EngineCall) -> dict[str, str]:
@@ -159,7 +159,3 @@ class EngineReplica:
         process = getattr(self, "process", None)
         if process is not None:
             process.stop(ENGINE_STOP_TIMEOUT_S)
-
-
-def _passed_back(upstream: aiohttp.ClientResponse) -> dict[str, str]:
-    return {h: upstream.headers[h] for h in _PASSED_BACK_HEADERS if h in upstream.headers}

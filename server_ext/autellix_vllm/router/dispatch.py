@@ -50,7 +50,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
 from autellix_vllm.protocol.identity import IDENTITY_HEADERS
-from autellix_vllm.protocol.openai_errors import error_body, normalized_error
+from autellix_vllm.protocol.openai_errors import mid_stream_error_event, normalized_error
 from autellix_vllm.router.admission import (
     Admitted,
     admit,
@@ -61,7 +61,12 @@ from autellix_vllm.router.admission import (
 from autellix_vllm.router.calls import Call
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.derived import ProgramDeriver
-from autellix_vllm.router.engines import Engine, EnginePool
+from autellix_vllm.router.engines import (
+    ENGINE_CONNECTION_FAILURES,
+    Engine,
+    EnginePool,
+    passed_back_headers,
+)
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.metrics import RouterMetrics
@@ -81,9 +86,6 @@ _DROPPED_HEADERS = frozenset(
         *(header.lower() for header in IDENTITY_HEADERS.values()),
     }
 )  # fmt: skip
-_PASSED_BACK_HEADERS = ("Content-Type", "X-Request-Id")
-# Failures of the engine connection (not of the client's).
-_ENGINE_FAILURES = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 
 
@@ -306,7 +308,7 @@ class Dispatcher:
             upstream = await self._post(call, engine, headers)
             try:
                 payload = await upstream.read()
-            except _ENGINE_FAILURES as error:
+            except ENGINE_CONNECTION_FAILURES as error:
                 raise EngineUnreachable(engine, error) from error
             finally:
                 upstream.release()
@@ -337,12 +339,12 @@ class Dispatcher:
                     outcome.response = _whole_answer(upstream, await upstream.read())
                     return
                 first = await upstream.content.readany()
-            except _ENGINE_FAILURES as error:
+            except ENGINE_CONNECTION_FAILURES as error:
                 raise EngineUnreachable(engine, error) from error
             if not first:
                 raise EngineUnreachable(engine, ConnectionError("stream closed before any data"))
             response = web.StreamResponse(
-                status=200, headers={**_passed_back(upstream.headers), "Cache-Control": "no-cache"}
+                status=200, headers={**passed_back_headers(upstream), "Cache-Control": "no-cache"}
             )
             outcome.engine, outcome.response = engine, response
             outcome.relay = SseRelay(response, self.meter, drop_usage=call.usage_injected)
@@ -364,7 +366,7 @@ class Dispatcher:
         """Send ``call`` to ``engine``; returns once the answer's status and headers are in."""
         try:
             return await self.session.post(engine.url + call.path, data=call.raw, headers=headers)
-        except _ENGINE_FAILURES as error:
+        except ENGINE_CONNECTION_FAILURES as error:
             raise EngineUnreachable(engine, error, _closed_before_answer(error)) from error
 
     async def _relay(
@@ -376,27 +378,21 @@ class Dispatcher:
             await relay.feed(chunk)
             try:
                 chunk = await upstream.content.readany()
-            except _ENGINE_FAILURES as error:
+            except ENGINE_CONNECTION_FAILURES as error:
                 log.warning("%s broke a stream after it started: %s", engine.name, error)
                 self.pool.call_failed(engine, error)
                 await relay.finish()
-                message = f"the engine failed during the stream: {type(error).__name__}"
-                event = error_body(502, message, "engine_failed_mid_stream")
-                await relay.response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await relay.response.write(mid_stream_error_event(error))
                 return False
         await relay.finish()
         return True
-
-
-def _passed_back(headers: aiohttp.typedefs.LooseHeaders) -> dict[str, str]:
-    return {name: headers[name] for name in _PASSED_BACK_HEADERS if name in headers}
 
 
 def _whole_answer(upstream: aiohttp.ClientResponse, payload: bytes) -> web.Response:
     """The engine's answer: its status, body and content type; an error's body is put
     in the router's shape (:func:`~autellix_vllm.protocol.openai_errors.normalized_error`), whatever
     shape the engine gave it."""
-    headers = _passed_back(upstream.headers)
+    headers = passed_back_headers(upstream)
     if upstream.status >= 400:
         payload = json.dumps(normalized_error(upstream.status, payload)).encode()
         headers["Content-Type"] = "application/json"

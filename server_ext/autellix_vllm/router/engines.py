@@ -38,6 +38,21 @@ log = logging.getLogger("autellix.router")
 HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
 TABLE_SUMMARY_PATH = ENGINE_TABLE_PATH + "?summary=1"
+# Failures of the connection to an engine, not of the client's: before the answer's
+# head the engine did no work for the call, so it may go to another engine.
+ENGINE_CONNECTION_FAILURES = (
+    aiohttp.ClientConnectionError,
+    aiohttp.ClientPayloadError,
+    TimeoutError,
+)
+# The headers of an engine's answer that the client gets too.
+_PASSED_BACK_HEADERS = ("Content-Type", "X-Request-Id")
+
+
+def passed_back_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
+    """The headers of an engine's answer that its client gets: type and request id."""
+    headers = upstream.headers
+    return {name: headers[name] for name in _PASSED_BACK_HEADERS if name in headers}
 
 
 @dataclass(eq=False)

@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from autellix_vllm.protocol.bearer import INVALID_KEY_CODE
-from autellix_vllm.protocol.openai_errors import error_body, status_error_code
+from autellix_vllm.protocol.openai_errors import error_answer, status_error_code
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client, KeyRing
 from autellix_vllm.router.metrics import RouterMetrics
@@ -84,12 +84,8 @@ def _answer(error: ApiError, request: web.Request, metrics: RouterMetrics) -> we
 
 def error_response(error: ApiError) -> web.Response:
     """``error`` as the response a client gets (a 401 says how to authenticate)."""
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return web.json_response(
-        error_body(error.status, error.message, error.code, error.param),
-        status=error.status,
-        headers=headers,
-    )
+    answer = error_answer(error.status, error.message, error.code, error.param)
+    return web.json_response(answer.body, status=answer.status, headers=answer.headers)
 
 
 def _from_http_error(error: web.HTTPException, request: web.Request, limit: int) -> ApiError:
