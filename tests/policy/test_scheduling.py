@@ -426,7 +426,10 @@ def test_every_policy_class_is_registered_under_its_name():
 
     classes = {cls.name: cls for cls in subclasses(Policy) if cls.__module__ == policies.__name__}
     assert classes == POLICIES
-    assert POLICY_NAMES == ("fcfs", "mlfq", "plas", "atlas", "plas-atlas", "autellix", "srpt")
+    assert POLICY_NAMES == (
+        "fcfs", "mlfq", "plas", "atlas", "plas-atlas", "autellix",
+        "continuum", "thunderagent", "mori", "lru-priority", "srpt",
+    )  # fmt: skip
     for name, cls in POLICIES.items():
         policy = make_policy(name, "program", remaining=lambda program: 0.0)
         assert type(policy) is cls and policy.name == name

@@ -115,7 +115,8 @@ def test_workloads_match_the_papers_statistics():
 
 def test_sim_policies_are_the_core_policies_and_two_vllm_baselines():
     assert list(SIM_POLICIES) == [
-        "vllm", "vllm-opt", "mlfq", "plas", "atlas", "plas-atlas", "autellix", "srpt",
+        "vllm", "vllm-opt", "mlfq", "plas", "atlas", "plas-atlas", "autellix",
+        "continuum", "thunderagent", "mori", "lru-priority", "srpt",
     ]  # fmt: skip
     assert {core for core, _ in SIM_POLICIES.values()} == set(POLICY_NAMES)
     assert SIM_POLICIES["vllm"] == ("fcfs", False) and SIM_POLICIES["vllm-opt"] == ("fcfs", True)
@@ -247,7 +248,7 @@ def test_sweep_finds_a_max_rate_and_plots(tmp_path):
     for curve in curves:
         passing = [r for r, m in curve.points if m["avg_latency_per_token"] <= result["slo"]]
         assert curve.max_rate == max(passing)
-    plot(curves, result["slo"], "test", str(tmp_path / "curves.png"))
+    plot(result, curves, "test", str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
 

@@ -57,6 +57,7 @@ class EngineResidency:
             core.program_level,
             core.waiting.owners,
             tier_blocks=adapter.host_tier_blocks(scheduler),
+            retention=core.policy.make_retention(),
         )
         self.engaged = True  # the rules apply (Residency.engaged), as of this step
         self._blocks: dict[str, list[object]] = {}  # held program -> its referenced blocks
@@ -123,7 +124,8 @@ class EngineResidency:
                 self._unreference(ended)
         running = list(running)
         self._running = {calls[r.request_id].program.program_id for r in running}
-        self._order_victims(running, calls)
+        if self.rules.retention.cheap_victims:
+            self._order_victims(running, calls)
         scheduler = self.scheduler
         block = adapter.block_size(scheduler)
         self._largest = max(
@@ -160,7 +162,14 @@ class EngineResidency:
         program_id = call.program.program_id
         if not self.engaged or program_id in self._running or program_id in self.rules:
             return True
+        if not self.rules.admits(call.program):
+            return False  # paused by a peer's rule
         need = adapter.kv_blocks_needed(self.scheduler, call.payload)
+        if not self.rules.working_set:
+            # vLLM admits it if its blocks can be had: holds the rule lets the call
+            # break give them up first.
+            self._break(call.level if self._running else -1, need)
+            return True
         if self._fits(need):
             return True
         if not self._running or call.promotions:

@@ -23,6 +23,14 @@ from typing import ClassVar
 
 from ..registry import lookup
 from .config import AtlasVariant
+from .retention import (
+    ContinuumTTL,
+    IdleRank,
+    Retention,
+    SoftRetention,
+    ThunderAgentPause,
+    WorkingSet,
+)
 from .table import Call, Program, Rank
 
 # A program's remaining work, known only to a simulator that knows its future.
@@ -75,6 +83,11 @@ class Policy(ABC):
     def rerank_on_progress(self, program: Program) -> bool:
         """Whether the program's waiting calls change rank when its other calls progress."""
         return False
+
+    def make_retention(self) -> Retention:
+        """A KV-aware policy's rule for holds and admission, one per engine
+        (policy.retention)."""
+        return WorkingSet()
 
 
 class FCFS(Policy):
@@ -201,6 +214,66 @@ class Autellix(PLAS):
         return (call.level, call.program_seq, call.seq)
 
 
+# ---- the peers: what a user would pick instead of autellix ----------------------------
+# Each is FCFS-ordered, as the systems run on vLLM's scheduler, with the KV rule of
+# its paper (policy.retention); docs/scheduling.md, "The peers".
+
+
+class Continuum(Policy):
+    """Continuum (arXiv 2511.02230): program-level FCFS (a program's calls rank by
+    its first call's arrival) and time-to-live pins of a context between calls."""
+
+    name = "continuum"
+    uses_levels = False
+    kv_aware = True
+
+    def base(self, call: Call) -> float:
+        return 0.0
+
+    def rank(self, call: Call) -> Rank:
+        return (0, call.program_seq, call.seq)
+
+    def outranks(self, waiter: Call, victim: Call) -> bool:
+        return False
+
+    def make_retention(self) -> Retention:
+        return ContinuumTTL()
+
+
+class ThunderAgent(FCFS):
+    """ThunderAgent (arXiv 2602.13692; NVIDIA Dynamo's program scheduler): FCFS, and
+    programs in a tool paused while the working set exceeds the KV budget."""
+
+    name = "thunderagent"
+    kv_aware = True
+
+    def make_retention(self) -> Retention:
+        return ThunderAgentPause()
+
+
+class Mori(FCFS):
+    """MORI (arXiv 2606.00866): FCFS, idle contexts kept in device memory by how
+    recently their program was busy, the most idle demoted first."""
+
+    name = "mori"
+    kv_aware = True
+
+    def make_retention(self) -> Retention:
+        return IdleRank()
+
+
+class LruPriority(FCFS):
+    """Soft retention (SGLang's priority eviction, vLLM's agent-hint RFC): FCFS, an
+    agent's idle context evicted last for its hint or the engine's estimate, never
+    reserved."""
+
+    name = "lru-priority"
+    kv_aware = True
+
+    def make_retention(self) -> Retention:
+        return SoftRetention()
+
+
 class SRPT(Policy):
     """Clairvoyant oracle: shortest remaining program work first (simulator only).
 
@@ -235,6 +308,9 @@ class SRPT(Policy):
 
 
 POLICY_NAMES = tuple(POLICIES)
+
+# The systems a user would pick instead of autellix, as the matrix's and sweeps' columns.
+PEER_POLICIES = (Continuum.name, ThunderAgent.name, Mori.name, LruPriority.name)
 
 # What every engine, router, simulation and benchmark runs unless told otherwise.
 DEFAULT_POLICY = Autellix.name

@@ -52,8 +52,10 @@ working set keeps processes within memory:
   admissible) and the engine evicts and reloads as vLLM does
   (:meth:`Residency.engaged`).
 
-This module keeps the holds and makes the decisions; the engine (the simulator
-or the vLLM scheduler) owns the blocks and applies them.
+These are the default's rules (:class:`~autellix_vllm.policy.retention.WorkingSet`);
+the peers' policies keep their holds here too, under rules of their own
+(``policy.retention``). This module keeps the holds and makes the decisions; the
+engine (the simulator or the vLLM scheduler) owns the blocks and applies them.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from .config import ResidencyConfig
+from .retention import Retention, WorkingSet
 from .table import Call, ProcessTable, Program, Rank
 
 # How many waiting calls outside the working set admission looks past in a step
@@ -123,6 +126,13 @@ class LiveContexts:
     def ended(self, program_id: str) -> None:
         self.total -= sum(self._blocks.pop(program_id, {}).values())
 
+    def has(self, program_id: str) -> bool:
+        return program_id in self._blocks
+
+    def blocks_of(self, program_id: str) -> int:
+        """The blocks of the program's contexts (0 if it is not live)."""
+        return sum(self._blocks.get(program_id, {}).values())
+
     def prune(self, table: ProcessTable) -> None:
         """Forget programs that left ``table`` (clients that never end theirs); a
         walk over the live programs only when some program left it since the last
@@ -142,7 +152,10 @@ class Residency:
     are compared by it (higher is worse). ``waiting_owners`` gives the owners
     with calls waiting on the engine (the wait queue's ``owners``); by default
     nobody waits, and the fair share never binds. ``tier_blocks``: blocks of
-    this engine's KV a host tier can keep (0: no tier).
+    this engine's KV a host tier can keep (0: no tier). ``retention``: the
+    policy's rule (default: the working set, the default policy's);
+    ``kv_fill_s``: seconds the engine takes to prefill its whole KV, for rules
+    that weigh a hold against a recompute (None: unknown).
     """
 
     def __init__(
@@ -152,8 +165,12 @@ class Residency:
         level_of: Callable[[Program], int],
         waiting_owners: Callable[[], Collection[str]] = tuple,
         tier_blocks: int = 0,
+        retention: Retention | None = None,
+        kv_fill_s: float | None = None,
     ) -> None:
         self.config = config
+        self.retention = retention if retention is not None else WorkingSet()
+        self.kv_fill_s = kv_fill_s
         self.capacity_blocks = capacity_blocks
         self.tier_blocks = tier_blocks
         self.live = LiveContexts()
@@ -174,7 +191,8 @@ class Residency:
 
     @property
     def budget_blocks(self) -> int:
-        return int(self.capacity_blocks * self.config.hold_share)
+        share = self.retention.hold_share
+        return int(self.capacity_blocks * (self.config.hold_share if share is None else share))
 
     @property
     def headroom_blocks(self) -> int:
@@ -200,7 +218,10 @@ class Residency:
         so that the tier (least recently used first) drops contexts whose
         programs come back, and recomputing them is what the rules save. An
         engine whose rules step aside ends every hold (:meth:`release_all`) and
-        admits every call."""
+        admits every call. Rules that do not step aside for a tier always apply."""
+        if not self.retention.steps_aside_for_tier:
+            self.live.prune(table)
+            return True
         if not self.tier_blocks:
             return True
         if self.live.total > self.tier_blocks:
@@ -245,8 +266,11 @@ class Residency:
                 room += victim.blocks
                 self.break_hold(victim.context)
                 ended.append(victim.context)
-        own_until = now + self.config.ttl_s(program)
-        until = now + self.config.ttl_s(program, hint_s)
+        own_until = now + self.retention.ttl_s(self, program, blocks, None)
+        until = now + self.retention.ttl_s(self, program, blocks, hint_s)
+        if until <= now:
+            self.refused += 1
+            return ended
         if until > own_until and self._past_share(owner, blocks):
             until = own_until
             self.cut += 1
@@ -254,7 +278,8 @@ class Residency:
         self.holds[context] = held
         self.held_blocks += blocks
         self.held_by_owner[owner] += blocks
-        heapq.heappush(self._expiry, (until, held.seq, context))
+        if until < math.inf:  # a hold without a time-to-live ends only when displaced
+            heapq.heappush(self._expiry, (until, held.seq, context))
         self.granted += 1
         return ended
 
@@ -294,6 +319,10 @@ class Residency:
         """The program ended (its client said so): end its holds; returns their
         contexts."""
         self.live.ended(program_id)
+        return self.release_program_holds(program_id)
+
+    def release_program_holds(self, program_id: str) -> list[str]:
+        """End the holds of a program that stays live; returns their contexts."""
         ended = [c for c, h in self.holds.items() if h.program.program_id == program_id]
         for context in ended:
             self._drop(context)
@@ -307,8 +336,9 @@ class Residency:
         return ended
 
     def expired(self, now: float) -> list[str]:
-        """End the holds whose time is up at ``now``; returns their contexts."""
-        out = []
+        """End the holds whose time is up at ``now``, and those the rule's periodic
+        decisions end; returns their contexts."""
+        out = self.retention.tick(self, now)
         heap = self._expiry
         while heap and heap[0][0] <= now:
             _, seq, context = heapq.heappop(heap)
@@ -321,21 +351,32 @@ class Residency:
         return out
 
     def next_expiry(self) -> float | None:
-        """When the next hold may expire (None if no hold can)."""
+        """When the next hold may expire or the rule decides again (None if neither)."""
+        tick = self.retention.next_tick()
         heap = self._expiry
         while heap:
             until, seq, context = heap[0]
             held = self.holds.get(context)
             if held is not None and held.seq == seq and held.until == until:
-                return until
+                return until if tick is None else min(until, tick)
             heapq.heappop(heap)
-        return None
+        return tick
+
+    def admits(self, program: Program) -> bool:
+        """Whether the rule lets ``program``'s calls be admitted now (ThunderAgent
+        pauses programs); the working set is :meth:`fits`."""
+        return self.retention.admits(program)
+
+    @property
+    def working_set(self) -> bool:
+        """Whether a call whose context is not resident must fit (:meth:`fits`)."""
+        return self.retention.working_set
 
     def breakable(self, level: int) -> list[str]:
-        """Held contexts of programs in a level worse than ``level``, worst first and,
-        within a level, oldest first: what a call of ``level`` may take blocks from."""
-        worse = (h for h in self.holds.values() if h.level > level)
-        return [h.context for h in self._worst_first(worse)]
+        """What a call of ``level`` may take blocks from, first to go first: under the
+        default's rule held contexts of programs in a worse level, worst first and,
+        within a level, oldest first (``Retention.breakable``)."""
+        return [h.context for h in self.retention.breakable(self.holds.values(), level)]
 
     # ---- the fair share among owners --------------------------------------------------
 
@@ -411,10 +452,6 @@ class Residency:
         if not self.held_by_owner[held.owner]:
             del self.held_by_owner[held.owner]
 
-    @staticmethod
-    def _worst_first(holds: Iterable[Hold]) -> list[Hold]:
-        return sorted(holds, key=lambda h: (-h.level, h.seq))
-
     # ---- the working set and victims ------------------------------------------------
 
     def fits(self, context_blocks: int, reclaimable_blocks: int, largest_resident: int = 0) -> bool:
@@ -422,7 +459,9 @@ class Residency:
         context fits in the blocks that are free or evictable (not held, not in use),
         with the reserve for the resident contexts' growth left over (the headroom,
         or a share of the ``largest_resident`` context in blocks if more)."""
-        reserve = max(self.headroom_blocks, self.config.growth_reserve * largest_resident)
+        reserve = 0.0
+        if self.retention.working_set:
+            reserve = max(self.headroom_blocks, self.config.growth_reserve * largest_resident)
         return context_blocks <= reclaimable_blocks - reserve
 
     @staticmethod

@@ -81,6 +81,7 @@ class Job:
     own_blocks: int = 0
     wait_since: float = 0.0
     wait_s: float = 0.0
+    first_token_at: float | None = None  # when its first token was sampled
     ready_at: float = 0.0  # when its KV has loaded from the host tier
     context: str = ""  # the prefix cache's key: the program, or one of its subagents
     # The client's retention hint (``expect_tool``): seconds until the context's next
@@ -402,6 +403,8 @@ class SimEngine:
             Residency(
                 core.config.residency, preset.kv_blocks, core.program_level, core.waiting.owners,
                 tier_blocks=self.host.capacity if self.host else 0,
+                retention=core.policy.make_retention(),
+                kv_fill_s=preset.kv_blocks * preset.block_size * preset.per_prefill,
             )  # fmt: skip
             if core.policy.kv_aware and prefix_caching
             else None
@@ -524,6 +527,8 @@ class SimEngine:
         for job in self._admission_order(batch):
             if batch.budget <= 0 or self._free_seats() <= 0:
                 break
+            if not self._resumed(job):
+                continue  # its program is paused (a peer's rule): later calls may go
             # What holds the call may break: worse-ranked programs', or on an idle
             # engine any (nothing would free them sooner).
             level = job.call.level if self.running or self.loading else -1
@@ -609,7 +614,10 @@ class SimEngine:
         """Time the batch as one step, or (if ``steady``) as a macro step of decode steps."""
         if not batch.decodes and not batch.prefills:
             loading = any(job.ready_at > now for job in self.loading)
-            holding = self.residency is not None and bool(self.residency.holds)
+            # Holds that will end, or paused programs that will resume, may let calls in.
+            holding = self.residency is not None and (
+                bool(self.residency.holds) or self.residency.next_expiry() is not None
+            )
             if not loading and not holding and (self.running or self.core.waiting or self.loading):
                 raise RuntimeError(f"engine {self.name}: a call does not fit in an empty engine")
             self.step = None  # idle, or until a load from the host tier is done
@@ -676,12 +684,16 @@ class SimEngine:
         for job, tokens in step.prefills:
             job.computed += tokens
             sampled = int(job.missing == 0)  # the last chunk samples a token
+            if sampled and not job.decoded:
+                job.first_token_at = now
             job.decoded += sampled
             job.program.remaining_work -= sampled
             core.charge(job.call, sampled, prefill_tokens=tokens, seconds=per_token * tokens)
             if job.decode_left <= 0:
                 finished.append(job)
         for job in step.decodes:  # k steps: each computes the last token, samples one more
+            if not job.decoded:  # a prompt's last token: the first step samples the first
+                job.first_token_at = step.started + step.duration
             job.computed += k
             job.decoded += k
             job.program.remaining_work -= k
@@ -713,6 +725,11 @@ class SimEngine:
             for context in rules.release_all():
                 self.kv.unpin(context)
 
+    def _resumed(self, job: Job) -> bool:
+        """Whether the rule lets ``job``'s program run now (``Residency.admits``)."""
+        assert job.call is not None
+        return self.residency is None or self.residency.admits(job.call.program)
+
     def _footprint(self, job: Job) -> int:
         """Blocks ``job``'s whole context takes once admitted."""
         return _blocks(job.prompt + job.decoded + 1, self.kv.block_size)
@@ -722,6 +739,8 @@ class SimEngine:
         running call) may always be admitted; any other only if it fits."""
         if self.residency is None or job.context in self.kv.pins:
             return True
+        if not self.residency.working_set:
+            return self._resumed(job)
         return self._fits(self._footprint(job))
 
     def _fits(self, blocks: int) -> bool:
@@ -804,7 +823,7 @@ class SimEngine:
     def _victim(self, candidates: list[Job]) -> Job:
         """The running call to preempt when KV runs out, of ``candidates``."""
         rank = self.core.policy.rank
-        if self.residency is None:
+        if self.residency is None or not self.residency.retention.cheap_victims:
             return max(candidates, key=lambda j: rank(j.call))
         victim = self.residency.victim([j.call for j in candidates], rank, self._undo_cost)
         return victim.payload
