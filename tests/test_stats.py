@@ -1,7 +1,8 @@
-"""One percentile for the simulator and the benchmarks: always one of the values."""
+"""One percentile for the simulator and the benchmarks (always one of the values),
+and the tails both report."""
 
 import pytest
-from autellix_vllm.stats import percentile
+from autellix_vllm.stats import TAIL_KEYS, percentile, tails
 
 
 def test_a_percentile_is_the_value_at_the_rounded_index():
@@ -21,3 +22,16 @@ def test_p95_of_a_benchmark_run(count, p95_rank):
 
 def test_no_values_give_zero():
     assert percentile([], 99) == 0.0
+
+
+def test_tails_are_the_latency_percentiles_and_the_first_call_waits_mean_and_p95():
+    latency = [float(i) for i in range(1, 101)]  # 1 .. 100 s
+    waits = [0.0] * 90 + [10.0] * 10
+    assert tails(latency, waits) == {
+        "p95_program_latency": 95.0,  # index round(94.05) = 94
+        "p99_program_latency": 99.0,
+        "avg_first_call_wait": 1.0,
+        "p95_first_call_wait": 10.0,
+    }
+    assert list(tails([], [])) == list(TAIL_KEYS)
+    assert set(tails([], []).values()) == {0.0}

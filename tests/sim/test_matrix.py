@@ -10,6 +10,7 @@ from autellix_vllm.sim.matrix import (
     MATRIX_SETTINGS,
     EngineSetting,
     format_header,
+    format_row,
     matrix,
     setting,
     verdict,
@@ -62,6 +63,10 @@ def test_a_small_matrix_compares_the_default_with_the_baseline():
     for multiple, point in cell["latency"].items():
         assert point["rate"] == pytest.approx(multiple * base)
         assert point["ratio"] == pytest.approx(point["autellix"] / point["vllm-opt"])
+        # Both policies' tails at the point (the default's None if it stopped early).
+        for key in ("p95_program_latency", "p95_first_call_wait"):
+            assert point[key]["vllm-opt"] > 0
+            assert (point[key]["autellix"] is None) == point["stopped_early"]
     assert cell["misses"] == verdict(cell)
 
 
@@ -99,4 +104,17 @@ def test_the_matrix_routes_several_engines_with_the_locality_threshold_it_is_giv
 def test_the_text_header_says_how_several_engines_are_routed():
     lines = format_header(["vllm-opt", "autellix"], 0).splitlines()
     assert lines[0].endswith("several engines routed by locality, threshold 0 prompt tokens")
-    assert lines[1].split()[:4] == ["SETTING", "WORKLOAD", "vllm-o", "autell"]
+    assert lines[1].split()[:4] == ["SETTING", "WORKLOAD", "vllm-opt", "autellix"]
+
+
+def test_a_policy_column_is_as_wide_as_the_policys_name():
+    """Any registered policy may be a column: its name in full, its ratio under it."""
+    policies = ["vllm-opt", "plas-atlas", "autellix"]
+    header = format_header(policies, 0).splitlines()[1]
+    cell = {"setting": "a100-llama8bx1", "workload": "bfcl", "censored": ["plas-atlas"],
+            "ratio": {"vllm-opt": 1.0, "plas-atlas": 1.25, "autellix": 1.5},
+            "latency": {1.0: {"ratio": 0.9}}, "misses": []}  # fmt: skip
+    row = format_row(cell, policies)
+    for name, ratio in (("vllm-opt", "1.00"), ("plas-atlas", "1.25+"), ("autellix", "1.50")):
+        start = header.index(name)  # the name and the ratio under it end alike
+        assert row[start : start + len(name)].strip() == ratio

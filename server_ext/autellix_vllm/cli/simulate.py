@@ -29,6 +29,8 @@ from ..workloads.trace_formats import AUTO, TRACE_FORMATS, import_trace
 RUN_UNITS = {
     "rate": "programs/s",
     **{f"{s}_latency_per_token": "s/token" for s in ("avg", "p50", "p95", "p99")},
+    **{f"{s}_program_latency": "s (simulated)" for s in ("p95", "p99")},
+    **{f"{s}_first_call_wait": "s (simulated)" for s in ("avg", "p95")},
     "makespan": "s (simulated)",
     "stopped_at": "s (simulated)",
     "total_wait": "s (simulated, summed over calls)",
@@ -248,8 +250,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--workers", type=_positive(int), default=2, help="processes that search at once"
     )
     sweep.add_argument(
+        "--tail-rate", type=_positive(float), metavar="RATE",
+        help="programs/s at which every policy runs in full once more, for its P95 and"
+        " P99 program latency and first-call wait (default: the highest rate every"
+        " policy met)",
+    )  # fmt: skip
+    sweep.add_argument(
         "--plot", metavar="PNG",
-        help="write latency-vs-rate curves to this PNG (default: none)",
+        help="write two panels to this PNG: latency-vs-rate curves, and each policy's"
+        " program latency CDF at the tails' rate (default: none)",
     )  # fmt: skip
     sweep.set_defaults(func=_sweep)
 
@@ -336,16 +345,12 @@ def _sweep(args: argparse.Namespace) -> int:
                 max_context=args.max_context,
                 end_programs=args.end_programs,
                 retention_hints=args.retention_hints,
+                tail_rate=args.tail_rate,
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if args.plot:
-        plot(
-            curves,
-            result["slo"],
-            f"{args.workload}, {args.preset}, {args.engines} engine(s)",
-            args.plot,
-        )
+        plot(result, curves, f"{args.workload}, {args.preset}, {args.engines} engine(s)", args.plot)
         result["plot"] = args.plot
     if args.json:
         print_result(result, as_json=True)
@@ -372,7 +377,9 @@ def _add_matrix_parser(commands: argparse._SubParsersAction) -> None:
         " token against vllm-opt's at fixed fractions of vllm-opt's highest rate. A cell is"
         f" met when {DEFAULT_POLICY}'s highest rate is at least vllm-opt's and mlfq's and"
         f" its latency is at most {LATENCY_TOLERANCE}x vllm-opt's at every fixed rate."
-        " One row per cell as it is done (the whole default matrix takes hours on 2 cores).",
+        " One row per cell as it is done (the whole default matrix takes hours on 2 cores),"
+        f" then a table of {DEFAULT_POLICY}'s tails over vllm-opt's at the fixed rates (P95"
+        " program latency and first-call wait).",
     )
     matrix.add_argument(
         "--workloads", type=_names(list(WORKLOAD_SPECS)), default=list(MATRIX_WORKLOADS),
@@ -404,7 +411,7 @@ def _add_matrix_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _matrix(args: argparse.Namespace) -> int:
-    from ..sim.matrix import format_header, format_row, matrix
+    from ..sim.matrix import format_header, format_row, format_tails, matrix
 
     cells = matrix(
         args.workloads, args.settings, policies=args.policies, seed=args.seed,
@@ -412,10 +419,10 @@ def _matrix(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if not args.json:
         print(format_header(args.policies, args.locality_threshold), flush=True)
-    misses = 0
+    done = []
     try:
         for cell in cells:
-            misses += bool(cell["misses"])
+            done.append(cell)
             if args.json:
                 print_result(cell, as_json=True)
             else:
@@ -424,7 +431,9 @@ def _matrix(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not args.json:
+        misses = sum(bool(cell["misses"]) for cell in done)
         print(f"{misses} cell(s) missed; +: within the SLO at the search limit")
+        print(f"\n{format_tails(done)}")
     return 0
 
 

@@ -8,7 +8,8 @@ number of engines). For each cell the matrix
    with prefix caching);
 2. runs the default policy and the baseline side by side at fixed fractions of
    the baseline's highest rate (0.5x to 1.5x): the default's average latency per
-   token over the baseline's.
+   token over the baseline's, and both policies' tails, the P95 program latency
+   and the P95 first-call wait (:func:`~autellix_vllm.stats.tails`).
 
 and checks the claim "the default never loses" on it: its highest rate is at
 least the baseline's and MLFQ's, and at every fixed rate its average latency
@@ -28,6 +29,7 @@ from typing import Any
 
 from ..policy import DEFAULT_POLICY, PolicyConfig
 from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
+from ..stats import TAIL_KEYS
 from ..workloads import get_workload
 from .presets import get_preset
 from .sweep import SweepSetup, run_at, sweep
@@ -43,6 +45,8 @@ RATE_MULTIPLES = (0.5, 0.75, 1.0, 1.25, 1.5)
 # The default may be this much slower than the baseline at a fixed rate: the
 # simulator's runs at one rate differ by a few percent from seed to seed.
 LATENCY_TOLERANCE = 1.05
+# The tails each fixed-rate point gives for both policies (seconds).
+MATRIX_TAILS = tuple(key for key in TAIL_KEYS if key.startswith("p95_"))
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,9 @@ def _latency_ratios(
     duration: float | None, multiples: Sequence[float], workers: int,
 ) -> dict[float, dict[str, Any]]:  # fmt: skip
     """The default's and the baseline's average latency per token at each multiple
-    of the baseline's highest rate. The default's run stops as soon as it is sure
-    to be past the tolerance (its figure is then a lower bound)."""
+    of the baseline's highest rate, and their :data:`MATRIX_TAILS`. The default's
+    run stops as soon as it is sure to be past the tolerance (its figure is then a
+    lower bound, and it has no tails: None)."""
     rates = [m * base_rate for m in multiples]
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         baseline = [
@@ -151,6 +156,7 @@ def _latency_ratios(
             DEFAULT_POLICY: o["avg_latency_per_token"],
             "ratio": o["avg_latency_per_token"] / b["avg_latency_per_token"],
             "stopped_early": o["stopped_early"],
+            **{key: {BASELINE: b[key], DEFAULT_POLICY: o.get(key)} for key in MATRIX_TAILS},
         }
         for m, r, b, o in zip(multiples, rates, baseline, ours, strict=True)
     }
@@ -199,7 +205,7 @@ def matrix(
                 workload, policies, lbs=(where.lb,), engines=where.engines,
                 preset=where.preset, seed=seed, config=config, workers=workers, duration=duration,
                 kv_offload_gib=where.kv_offload_gib, locality_threshold=where.locality_threshold,
-                on_done=on_policy_done,
+                on_done=on_policy_done, tails=False,  # the fixed rates below have them
             )  # fmt: skip
             cell = {
                 "setting": where.label,
@@ -219,10 +225,16 @@ def matrix(
             yield cell
 
 
+def _width(policy: str) -> int:
+    """A policy's column: its name, at least a ratio and its mark wide."""
+    return max(6, len(policy))
+
+
 def format_row(cell: dict[str, Any], policies: Sequence[str]) -> str:
     """One cell as a table row: each policy's ratio, the worst latency ratio, the verdict."""
     ratios = "  ".join(
-        f"{cell['ratio'][p]:>5.2f}{'+' if p in cell['censored'] else ' '}" for p in policies
+        f"{cell['ratio'][p]:>{_width(p) - 1}.2f}{'+' if p in cell['censored'] else ' '}"
+        for p in policies
     )
     worst = max(cell["latency"].items(), key=lambda item: item[1]["ratio"])
     latency = f"{worst[1]['ratio']:.2f}@{worst[0]:g}x"
@@ -234,9 +246,35 @@ def format_row(cell: dict[str, Any], policies: Sequence[str]) -> str:
 
 def format_header(policies: Sequence[str], locality_threshold: int) -> str:
     """What the rows measure (the routing of several engines too), and their columns."""
-    names = "  ".join(f"{p[:6]:>6}" for p in policies)
+    names = "  ".join(f"{p:>{_width(p)}}" for p in policies)
     return (
         f"highest rates within the SLO over {policies[0]}'s; several engines routed by"
         f" locality, threshold {locality_threshold} prompt tokens\n"
         f"{'SETTING':<24} {'WORKLOAD':<9} {names}  {'WORST LAT':>10}  VERDICT"
     )
+
+
+def format_tails(cells: Sequence[dict[str, Any]]) -> str:
+    """The cells' tails as a table: at each fixed rate, the default's P95 program
+    latency and P95 first-call wait over the baseline's (``-``: the default's run
+    stopped early past the latency tolerance, so it has no tails)."""
+    multiples = list(cells[0]["latency"]) if cells else []
+    heads = "  ".join(f"{f'{m:g}x':>11}" for m in multiples)
+    lines = [
+        f"tails, {DEFAULT_POLICY} over {BASELINE} at each fixed rate:"
+        " P95 program latency / P95 first-call wait",
+        f"{'SETTING':<24} {'WORKLOAD':<9} {heads}",
+    ]
+    for cell in cells:
+        points = "  ".join(f"{_tail_ratios(cell['latency'][m]):>11}" for m in multiples)
+        lines.append(f"{cell['setting']:<24} {cell['workload']:<9} {points}")
+    return "\n".join(lines)
+
+
+def _tail_ratios(point: dict[str, Any]) -> str:
+    """``0.98/1.20``: the default's tails over the baseline's at one fixed rate."""
+    ratios = []
+    for key in MATRIX_TAILS:
+        ours, base = point[key][DEFAULT_POLICY], point[key][BASELINE]
+        ratios.append("-" if ours is None else f"{ours / base:.2f}" if base else "inf")
+    return "/".join(ratios)

@@ -24,7 +24,7 @@ import math
 import statistics
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..policy import (
@@ -39,7 +39,7 @@ from ..policy import (
 )
 from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..registry import lookup
-from ..stats import percentile
+from ..stats import percentile, tails
 from ..workloads.trace import CallSpec, ProgramSpec
 from .directory import ServiceTable
 from .engine_model import Job, ProgramRun, SimEngine
@@ -65,6 +65,8 @@ _CHECK_EVERY = 512  # events between two looks at the latency bound
 class SimResult:
     metrics: dict[str, Any]
     latency_per_token: dict[str, float]  # program id -> seconds per token
+    # Program id -> seconds from its arrival to its last call's completion.
+    program_latency: dict[str, float] = field(default_factory=dict)
 
 
 class LatencyBound:
@@ -157,6 +159,7 @@ class Simulation:
         self.dependents: dict[tuple[str, str], list[CallSpec]] = {}
         self.waiting_on: dict[tuple[str, str], int] = {}  # calls a call still waits for
         self.hints: dict[tuple[str, str], float | None] = {}  # (program, call) -> its hint
+        self.first_arrival: dict[str, float] = {}  # program -> when its first call arrived
 
         self.engines = [
             SimEngine(
@@ -243,12 +246,13 @@ class Simulation:
                 self._start_step(subject, t)
             else:
                 self._end_step(*subject)
-        return SimResult(*self._metrics())
+        return self._metrics()
 
     def _arrive(self, job: Job, now: float) -> None:
         """Route the call and queue it on its engine."""
         self.jobs.append(job)
         program_id = job.program.program_id
+        self.first_arrival.setdefault(program_id, now)  # events come in time order
         route = self.balancer.choose(
             program_id, job.spec.prompt_tokens, [EngineLoad(e.name, e.load) for e in self.engines]
         )
@@ -334,13 +338,20 @@ class Simulation:
         }
         return SimResult(metrics, {})
 
-    def _metrics(self) -> tuple[dict[str, Any], dict[str, float]]:
+    def _metrics(self) -> SimResult:
         runs, jobs, sims = self.runs, self.jobs, self.engines
         unfinished = [r.program_id for r in runs.values() if r.calls_left]
         if unfinished:
             raise RuntimeError(f"{len(unfinished)} programs did not finish, e.g. {unfinished[0]}")
         lpt = {r.program_id: (r.end - r.arrival) / r.decode_total for r in runs.values()}
         values = sorted(lpt.values())
+        latency = {r.program_id: r.end - r.arrival for r in runs.values()}
+        first_token: dict[str, float] = {}  # program -> when any of its calls sampled one
+        for job in jobs:
+            if job.first_token_at is not None:
+                pid = job.program.program_id
+                first_token[pid] = min(first_token.get(pid, math.inf), job.first_token_at)
+        first_waits = [first_token[p] - self.first_arrival[p] for p in runs]
         counters = [e.core.counters for e in sims]
         prompt = sum(e.kv.prompt_tokens for e in sims)
         metrics = {
@@ -352,6 +363,7 @@ class Simulation:
             "p50_latency_per_token": percentile(values, 50),
             "p95_latency_per_token": percentile(values, 95),
             "p99_latency_per_token": percentile(values, 99),
+            **tails(latency.values(), first_waits),
             "makespan": max(r.end for r in runs.values()),
             "total_wait": sum(j.wait_s for j in jobs),
             "preemptions": sum(e.preemptions for e in sims),
@@ -374,7 +386,7 @@ class Simulation:
         if self.table.sync_s is not None:
             metrics["table_sync_s"] = self.table.sync_s
             metrics.update(self.table.traffic(metrics["makespan"]))
-        return metrics, lpt
+        return SimResult(metrics, lpt, latency)
 
 
 def held_shares(engines: list[SimEngine]) -> dict[str, float]:

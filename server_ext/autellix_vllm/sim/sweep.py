@@ -17,21 +17,28 @@ average latency per token exceeds the SLO, then bisects. Policies run in
 parallel in a process pool. A run stops as soon as its average is sure to
 exceed the SLO (``simulate(stop_above=...)``): the verdict is the same as a full
 run's, and overloaded runs, the slowest, end early.
+
+An average hides the tails, so every policy then runs once more, in full, at one
+common rate (by default the highest rate every policy met): its P95 and P99
+program latency, its first-call wait (:func:`~autellix_vllm.stats.tails`), and
+each program's latency, which :func:`plot` draws as a CDF.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..plots import draw_latency_cdf, save_panels
 from ..policy import PolicyConfig
 from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
+from ..stats import TAIL_KEYS
 from ..workloads import ProgramSpec, generate, get_workload
 from .presets import EnginePreset, get_preset
-from .run import simulate
+from .run import SimResult, simulate
 
 BISECTIONS = 5  # the max rate is then known to within a factor 2**(1/32), ~2%
 SEARCH_LIMIT = 8.0  # search no further than 8x the engines' nominal capacity
@@ -65,11 +72,18 @@ class Curve:
     points: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     max_rate: float = 0.0
     censored: bool = False  # still within the SLO at the search limit
+    # Each program's latency (seconds, sorted) at the common rate of the tails.
+    latencies: list[float] = field(default_factory=list)
 
 
 def run_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]:
     """One run of ``policy`` on the setup's trace at ``rate``; it stops early past
     ``setup.slo`` (0: runs in full)."""
+    return simulate_at(setup, policy, lb, rate).metrics
+
+
+def simulate_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> SimResult:
+    """:func:`run_at`, with each program's latency too."""
     return simulate(
         setup.trace(rate),
         policy,
@@ -83,7 +97,7 @@ def run_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, An
         kv_offload_gib=setup.kv_offload_gib,
         end_programs=setup.end_programs,
         retention_hints=setup.retention_hints,
-    ).metrics
+    )
 
 
 def unloaded_average(setup: SweepSetup, policy: str, lb: str) -> float:
@@ -137,6 +151,35 @@ def _search(setup: SweepSetup, key: str, policy: str, lb: str, start: float, lim
     return curve
 
 
+def common_max_rate(curves: Sequence[Curve]) -> float:
+    """The highest rate every policy met: the lowest of their max rates (0: one met none)."""
+    return min(c.max_rate for c in curves)
+
+
+def _tails_at(
+    pool: Executor, setup: SweepSetup, curves: list[Curve], runs: list[tuple[str, str, str]],
+    rate: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Every policy's full run at ``rate``: its average and tails for the result, each
+    program's latency kept on its curve for the CDF."""
+    full = replace(setup, slo=0.0)
+    futures = [pool.submit(simulate_at, full, policy, lb, rate) for _, policy, lb in runs]
+    by_policy = {}
+    for curve, future in zip(curves, futures, strict=True):
+        result = future.result()
+        curve.latencies = sorted(result.program_latency.values())
+        keys = ("avg_latency_per_token", *TAIL_KEYS)
+        by_policy[curve.key] = {key: result.metrics[key] for key in keys}
+    return {"rate": rate, "by_policy": by_policy}
+
+
+def _point_rows(curve: Curve) -> list[dict[str, Any]]:
+    """The curve's runs, one row per rate: the average, and the tails of full runs (a
+    run stopped early past the SLO has only a lower bound on the average)."""
+    keys = ("stopped_early", "avg_latency_per_token", *TAIL_KEYS)
+    return [{"rate": rate, **{k: m[k] for k in keys if k in m}} for rate, m in curve.points]
+
+
 def sweep(
     workload: str,
     policies: Sequence[str],
@@ -157,12 +200,18 @@ def sweep(
     max_context: int | None = None,
     end_programs: bool = True,
     retention_hints: bool = False,
+    tail_rate: float | None = None,
+    tails: bool = True,
 ) -> tuple[dict[str, Any], list[Curve]]:
-    """Max rate within the SLO for every policy (and balancer); see the module doc."""
+    """Max rate within the SLO for every policy (and balancer), then every policy's
+    tails at ``tail_rate`` (None: :func:`common_max_rate`, the highest rate every one met;
+    no tails if one met none, or without ``tails``); see the module doc."""
     if not policies or not lbs:
         raise ValueError("name at least one policy and one load balancer")
     if slo_factor <= 1:
         raise ValueError("the SLO factor must be > 1")
+    if tail_rate is not None and tail_rate <= 0:
+        raise ValueError(f"the rate of the tails must be positive, got {tail_rate:g}")
     spec = get_workload(workload)
     window = duration or spec.sweep_seconds
     setup = SweepSetup(
@@ -182,6 +231,8 @@ def sweep(
             curves.append(future.result())
             if on_done:
                 on_done(curves[-1].key)
+        rate = (tail_rate or common_max_rate(curves)) if tails else 0.0
+        at_rate = _tails_at(pool, setup, curves, runs, rate) if rate else None
     first = curves[0].max_rate
     return {
         "workload": workload,
@@ -197,6 +248,8 @@ def sweep(
         "max_rate": {c.key: c.max_rate for c in curves},
         "ratio": {c.key: (c.max_rate / first if first else math.inf) for c in curves},
         "censored": [c.key for c in curves if c.censored],
+        "tails": at_rate,
+        "points": {c.key: _point_rows(c) for c in curves},
         **({"kv_offload_gib": kv_offload_gib} if kv_offload_gib is not None else {}),
         **({"max_context": max_context} if max_context is not None else {}),
         **({} if end_programs else {"end_programs": False}),
@@ -205,9 +258,26 @@ def sweep(
 
 
 PLOT_CAPTION = (
-    "average latency per token against arrival rate, one curve per policy; a"
-    " policy's max rate is where its curve crosses the SLO (dashed)"
+    "left, average latency per token against arrival rate, one curve per policy (a"
+    " policy's max rate is where its curve crosses the SLO, dashed); right, each"
+    " policy's program latency CDF at the tails' rate"
 )
+# The tails table's columns: a metric of the result and its heading (seconds).
+TAIL_COLUMNS = (
+    ("avg_latency_per_token", "AVG/TOKEN"),
+    ("p95_program_latency", "P95 PROGRAM"),
+    ("p99_program_latency", "P99 PROGRAM"),
+    ("avg_first_call_wait", "AVG FIRST WAIT"),
+    ("p95_first_call_wait", "P95 FIRST WAIT"),
+)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as left-aligned columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
 
 
 def format_sweep(result: dict[str, Any]) -> str:
@@ -227,25 +297,43 @@ def format_sweep(result: dict[str, Any]) -> str:
     for key, rate in result["max_rate"].items():
         at_least = ">= " if key in result["censored"] else ""
         rows.append((key, f"{at_least}{rate:.2f}", f"{result['ratio'][key]:.2f}x"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
+    lines += _table(rows)
     if result["censored"]:
         lines.append(">=: still within the SLO at the search limit")
+    lines += _format_tails(result["tails"])
     if "plot" in result:
         lines.append(f"plot: {result['plot']}: {PLOT_CAPTION}")
     return "\n".join(lines)
 
 
-def plot(curves: list[Curve], slo: float, title: str, path: str) -> None:
-    """Average latency per token against arrival rate, one curve per policy (Fig. 12)."""
-    import matplotlib
+def _format_tails(tails: dict[str, Any] | None) -> list[str]:
+    """The tails table: every policy's full run at the common rate."""
+    if tails is None:
+        return ["no tails: a policy met the SLO at no rate"]
+    rows = [("POLICY", *(heading for _, heading in TAIL_COLUMNS))]
+    for key, metrics in tails["by_policy"].items():
+        rows.append((key, *(f"{metrics[metric]:.4g}" for metric, _ in TAIL_COLUMNS)))
+    header = f"at {tails['rate']:.3g} programs/s, in full (seconds; AVG/TOKEN: s/token):"
+    return ["", header, *_table(rows)]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+def plot(result: dict[str, Any], curves: list[Curve], title: str, path: str) -> Any:
+    """Two panels: average latency per token against arrival rate, one curve per
+    policy (the paper's Fig. 12); each policy's program latency CDF at the tails'
+    rate. Returns the matplotlib figure."""
+    tails = result["tails"]
+    rate = tails["rate"] if tails else None
+    panels = [lambda ax: _draw_curves(ax, curves, result["slo"], rate)]
+    if tails is not None:
+        latencies = {c.key: c.latencies for c in curves}
+        caption = f"at {rate:.3g} programs/s"
+        panels.append(lambda ax: draw_latency_cdf(ax, latencies, caption))
+    return save_panels(path, title, panels)
+
+
+def _draw_curves(ax: Any, curves: list[Curve], slo: float, tail_rate: float | None) -> None:
+    """Average latency per token against arrival rate, one curve per policy, and the
+    rate of the tails (dotted)."""
     for curve in curves:
         full = [(r, m["avg_latency_per_token"]) for r, m in curve.points if not m["stopped_early"]]
         line = ax.plot(*zip(*full, strict=True), marker="o", markersize=3, label=curve.key)
@@ -255,6 +343,8 @@ def plot(curves: list[Curve], slo: float, title: str, path: str) -> None:
             color = line[0].get_color()
             ax.plot(*zip(*stopped, strict=True), linestyle="", marker="^", color=color)
     ax.axhline(slo, color="grey", linestyle="--", linewidth=1, label="SLO")
+    if tail_rate:
+        ax.axvline(tail_rate, color="grey", linestyle=":", linewidth=1, label="tails' rate")
     ax.set_xlabel("arrival rate (programs/s)")
     ax.set_ylabel("avg latency per token (s)")
     ax.set_ylim(0, slo * 2.5)
@@ -263,8 +353,4 @@ def plot(curves: list[Curve], slo: float, title: str, path: str) -> None:
     ax.set_xlim(0, 1.5 * max((c.max_rate for c in curves), default=0.0) or None)
     ax.text(0.01, 0.99, "^ stopped early: latency at least this", transform=ax.transAxes,
             fontsize=7, verticalalignment="top")  # fmt: skip
-    ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
