@@ -48,6 +48,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from enum import StrEnum
 from typing import Any
 
 from autellix_vllm.engine import _vllm_adapter as adapter
@@ -61,15 +62,23 @@ from autellix_vllm.engine._vllm_adapter import (
 from autellix_vllm.engine.block_holds import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
 from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler, Rank
+from autellix_vllm.policy.faults import Hook
 from autellix_vllm.policy.residency import SKIPPED_WAITERS
 from autellix_vllm.protocol.identity import NO_IDENTITY
 from autellix_vllm.protocol.trust import accepted
 
 logger = logging.getLogger(__name__)
 
-# Why a running call was preempted for a better-level waiter: no free seat, or
-# the best waiter's blocks or tokens do not fit this step.
-WAITER_PREEMPTION_REASONS = ("seat", "kv_blocks", "token_budget")
+
+class WaiterPreemptionReason(StrEnum):
+    """Why a running call was preempted for a better-level waiter: no free seat, or
+    the best waiter's KV blocks or tokens do not fit this step. The value names it
+    in the table's ``waiter_preemptions`` and on ``/metrics``."""
+
+    SEAT = "seat"
+    KV_BLOCKS = "kv_blocks"
+    TOKEN_BUDGET = "token_budget"
+
 
 __all__ = [
     "ANONYMOUS_PREFIX",
@@ -203,7 +212,7 @@ class AutellixSchedulerMixin:
         self.calls_without_identity = 0
         self.kv_preemptions = 0  # vLLM's own: a running call found no free KV blocks
         # Ours, for better-level waiters, by what the best waiter lacked.
-        self.waiter_preemptions = dict.fromkeys(WAITER_PREEMPTION_REASONS, 0)
+        self.waiter_preemptions = dict.fromkeys(WaiterPreemptionReason, 0)
         # Time-unit service: when each step was scheduled (to split its duration).
         self._step_started: dict[int, tuple[float, dict[str, int]]] = {}
         logger.info(
@@ -221,7 +230,7 @@ class AutellixSchedulerMixin:
             try:
                 self._register(request)
             except Exception as error:
-                self.core.faults.record("add_request", error, "the call runs alone")
+                self.core.faults.record(Hook.ADD_REQUEST, error, "the call runs alone")
                 self.calls[request.request_id] = self.core.add_call(
                     NO_IDENTITY,
                     time.time(),
@@ -231,7 +240,7 @@ class AutellixSchedulerMixin:
                 )
             if self.residency is not None:
                 call = self.calls[request.request_id]
-                self._residency_hook("arrived", self.residency.arrived, call)
+                self._residency_hook(Hook.RESIDENCY_ARRIVED, self.residency.arrived, call)
         super().add_request(request)  # type: ignore[misc]
 
     def _register(self, request: Request) -> None:
@@ -261,11 +270,13 @@ class AutellixSchedulerMixin:
             try:
                 self.core.finish(call, time.time(), aborted=aborted)
             except Exception as error:
-                self.core.faults.record("finish", error, "the call's program is not charged")
+                self.core.faults.record(Hook.FINISH, error, "the call's program is not charged")
             # After the charge, so a hold ranks with the program's service as it is
             # now; before vLLM frees the blocks the hold keeps.
             if self.residency is not None:
-                self._residency_hook("finishing", self.residency.finishing, request, call, aborted)
+                self._residency_hook(
+                    Hook.RESIDENCY_FINISHING, self.residency.finishing, request, call, aborted
+                )
         return super()._free_request(request, delay_free_blocks)  # type: ignore[misc]
 
     # ---- each step ------------------------------------------------------------------
@@ -277,13 +288,13 @@ class AutellixSchedulerMixin:
         # when charged), or under a KV-aware policy the residency's victim order.
         if self.residency is not None:
             hook = self.residency.before_step
-            self._residency_hook("before_step", hook, self.running, self.calls)
+            self._residency_hook(Hook.RESIDENCY_BEFORE_STEP, hook, self.running, self.calls)
         try:
             self.running.sort(key=self._rank)
             self._preempt_for_waiters(time.time())
         except Exception as error:
             self.core.faults.record(
-                "preemption", error, "this step runs without (further) preemptions"
+                Hook.PREEMPTION, error, "this step runs without (further) preemptions"
             )
         preemptions = self.core.counters.preemptions
         output = super().schedule(throttle_prefills)  # type: ignore[misc]
@@ -307,7 +318,7 @@ class AutellixSchedulerMixin:
         for victim in self.core.victims(running, free_seats, self.waiting.admissible):
             if self._preempt(victim, now):
                 running.remove(victim)
-                self.waiter_preemptions["seat"] += 1
+                self.waiter_preemptions[WaiterPreemptionReason.SEAT] += 1
         # Seats may be free while KV blocks or the token budget are not: the best
         # waiter then displaces the worst displaceable running call, still only
         # across levels.
@@ -322,18 +333,20 @@ class AutellixSchedulerMixin:
             running.remove(victim)
             self.waiter_preemptions[reason] += 1
 
-    def _head_blocked(self, head: Call) -> str | None:
-        """What keeps the best waiter out of this step: ``"kv_blocks"``,
-        ``"token_budget"``, or None."""
+    def _head_blocked(self, head: Call) -> WaiterPreemptionReason | None:
+        """What keeps the best waiter out of this step: KV blocks, the token
+        budget, or nothing (None)."""
         scheduler: Scheduler = self  # type: ignore[assignment]
         if self.residency is not None:  # its held blocks are not free, but it hits them
             need = self.residency.kv_blocks_needed(head)
         else:
             need = adapter.kv_blocks_needed(scheduler, head.payload)
         if need > adapter.free_kv_blocks(scheduler):
-            return "kv_blocks"
+            return WaiterPreemptionReason.KV_BLOCKS
         demand = sum(adapter.tokens_to_compute(r) for r in self.running)
-        return "token_budget" if demand >= adapter.token_budget(scheduler) else None
+        if demand >= adapter.token_budget(scheduler):
+            return WaiterPreemptionReason.TOKEN_BUDGET
+        return None
 
     def _preempt(self, call: Call, now: float) -> bool:
         # vLLM returns the request to `waiting`, i.e. to ProgramRequestQueue._wait,
@@ -348,7 +361,7 @@ class AutellixSchedulerMixin:
             try:
                 self._start_and_charge(self.calls[request_id], num_tokens)
             except Exception as error:
-                self.core.faults.record("charge", error, "the call is not charged for the step")
+                self.core.faults.record(Hook.CHARGE, error, "the call is not charged for the step")
         if by_time and tokens:
             self._step_started[id(scheduler_output)] = (time.monotonic(), dict(tokens))
         super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
@@ -380,14 +393,16 @@ class AutellixSchedulerMixin:
                 try:
                     self.core.charge(call, seconds=elapsed * num_tokens / total)
                 except Exception as error:
-                    self.core.faults.record("charge", error, "the call is not charged for the step")
+                    self.core.faults.record(
+                        Hook.CHARGE, error, "the call is not charged for the step"
+                    )
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         # A step ran: the wait clock moves (starving calls are promoted, idle
         # programs are evicted).
         try:
             self.core.advance(time.time(), steps=1.0)
         except Exception as error:
-            self.core.faults.record("advance", error, "no promotion or eviction this step")
+            self.core.faults.record(Hook.ADVANCE, error, "no promotion or eviction this step")
         return outputs
 
     # ---- the table (engine-core utility methods, see engine_plugin) -----------------
@@ -406,22 +421,22 @@ class AutellixSchedulerMixin:
             running=len(self.running),
             calls_without_identity=self.calls_without_identity,
             kv_preemptions=self.kv_preemptions,
-            waiter_preemptions=dict(self.waiter_preemptions),
+            waiter_preemptions={r.value: n for r, n in self.waiter_preemptions.items()},
             prior_service_trusted=self.trusts_router_fields,
         )
         return snapshot
 
     def autellix_end_program(self, program_id: str) -> bool:
         if self.residency is not None:
-            self._residency_hook("end_program", self.residency.end_program, program_id)
+            self._residency_hook(Hook.RESIDENCY_END_PROGRAM, self.residency.end_program, program_id)
         return self.core.end_program(program_id)
 
-    def _residency_hook(self, name: str, hook: Callable[..., None], *args: Any) -> None:
+    def _residency_hook(self, name: Hook, hook: Callable[..., None], *args: Any) -> None:
         """Run a residency hook; a failure only costs the call its hold (counted)."""
         try:
             hook(*args)
         except Exception as error:
-            self.core.faults.record(f"residency {name}", error, "no hold for this call")
+            self.core.faults.record(name, error, "no hold for this call")
 
 
 def _alone(request: Request) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 from ..protocol.identity import CallIdentity
 from .bounded import swept_all
 from .config import PolicyConfig
-from .faults import Faults
+from .faults import Faults, Hook
 from .policies import Policy
 from .queue import WaitQueue
 from .residency import SKIPPED_WAITERS
@@ -176,7 +176,7 @@ class ProgramScheduler:
                 raise ValueError("the base is NaN")
             return base
         except Exception as error:
-            self.faults.record("base", error, fallback)
+            self.faults.record(Hook.BASE, error, fallback)
             return None
 
     def program_level(self, program: Program) -> int:
@@ -187,7 +187,7 @@ class ProgramScheduler:
         try:
             return self.levels.level_of(float(self.policy.program_base(program)))
         except Exception as error:
-            self.faults.record("program_base", error, "the program ranks last")
+            self.faults.record(Hook.PROGRAM_BASE, error, "the program ranks last")
             return self._last_level
 
     def rank(self, call: Call) -> Rank:
@@ -195,7 +195,7 @@ class ProgramScheduler:
         try:
             return self.policy.rank(call)
         except Exception as error:
-            self.faults.record("rank", error, "the call ranks by its level")
+            self.faults.record(Hook.RANK, error, "the call ranks by its level")
             return (call.level, call.seq)
 
     def outranks(self, waiter: Call, victim: Call) -> bool:
@@ -203,7 +203,7 @@ class ProgramScheduler:
         try:
             return self.policy.outranks(waiter, victim)
         except Exception as error:
-            self.faults.record("outranks", error, "no preemption for that pair")
+            self.faults.record(Hook.OUTRANKS, error, "no preemption for that pair")
             return False
 
     # ---- the wait queue ----------------------------------------------------------
@@ -386,7 +386,7 @@ class ProgramScheduler:
         try:
             self.policy.complete(call, charged)
         except Exception as error:
-            self.faults.record("complete", error, "the program's critical path is not updated")
+            self.faults.record(Hook.COMPLETE, error, "the program's critical path is not updated")
         self._after_progress(program)
         self.table.release_if_done(program)
 

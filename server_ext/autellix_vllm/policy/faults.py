@@ -11,18 +11,43 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from enum import StrEnum
 
 logger = logging.getLogger(__name__)
 
 
+class Hook(StrEnum):
+    """What failed: a hook of the policy core or of the engine's scheduler. The
+    value is the failure's name in ``hook_failures`` and on ``/metrics``."""
+
+    # The policy core (policy/core.py).
+    BASE = "base"
+    PROGRAM_BASE = "program_base"
+    RANK = "rank"
+    OUTRANKS = "outranks"
+    COMPLETE = "complete"
+    # The engine's scheduler (engine/scheduler.py).
+    ADD_REQUEST = "add_request"
+    FINISH = "finish"
+    PREEMPTION = "preemption"
+    CHARGE = "charge"
+    ADVANCE = "advance"
+    # The engine's KV residency, called by its scheduler.
+    RESIDENCY_ARRIVED = "residency arrived"
+    RESIDENCY_FINISHING = "residency finishing"
+    RESIDENCY_BEFORE_STEP = "residency before_step"
+    RESIDENCY_END_PROGRAM = "residency end_program"
+
+
 class Faults:
-    """Contained failures by kind (``"base"``, ``"rank"``, ``"add_request"``, ...)."""
+    """Contained failures by :class:`Hook` (counted under its value)."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
 
-    def record(self, kind: str, error: Exception, fallback: str) -> None:
-        """Count a failure of ``kind``; ``fallback`` says what was done instead."""
+    def record(self, hook: Hook, error: Exception, fallback: str) -> None:
+        """Count a failure of ``hook``; ``fallback`` says what was done instead."""
+        kind = hook.value
         self.counts[kind] += 1
         if self.counts[kind] == 1:
             logger.error(
