@@ -93,6 +93,22 @@ def test_without_residency_the_big_call_evicts_the_idle_context(harness):
     assert "residency" not in scheduler.autellix_snapshot()
 
 
+@pytest.mark.parametrize("policy", ["lru-priority", "mori", "thunderagent"])
+def test_a_soft_peer_hold_gives_way_to_the_big_call(harness, policy):
+    """The peers that keep an idle context only as an eviction order: B takes A's
+    held blocks at once, and A's next call recomputes what B evicted."""
+    scheduler, b_admitted, hit = scenario(harness, {"AUTELLIX_POLICY": policy})
+    residency = scheduler.autellix_snapshot()["residency"]
+    assert b_admitted and hit < 96
+    assert residency["holds_granted"] >= 1 and residency["holds_broken"] >= 1
+
+
+def test_a_continuum_pin_keeps_the_big_call_out_until_it_expires(harness):
+    scheduler, b_admitted, hit = scenario(harness, {"AUTELLIX_POLICY": "continuum"})
+    assert not b_admitted  # A's context is pinned for its TTL; new calls wait
+    assert hit == 96
+
+
 def test_ending_a_program_or_its_hold_expiring_frees_its_blocks(harness):
     scheduler = harness.scheduler(max_num_seqs=4, num_blocks=30, **KV_AWARE)
     usable = adapter.total_kv_blocks(scheduler) - 1
