@@ -1,0 +1,198 @@
+"""``autellix ray-serve`` as a user runs it (a local Ray cluster, one tiny-model engine
+replica, named keys): a program's calls reach the engine under its key's owner, a
+call without the SDK's headers joins a derived program as through the router, and
+SIGTERM stops every process the command started. The engine's table is read
+straight from the engine, with the key its replica gave it. A few minutes on two
+cores, most of it the engine starting; the tests run in order, the last stops it."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("vllm")
+psutil = pytest.importorskip("psutil")
+
+from autellix_vllm.engine.launcher import REAPER_MODULE  # noqa: E402
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE  # noqa: E402
+from autellix_vllm.protocol.paths import (  # noqa: E402
+    CHAT_COMPLETIONS_PATH,
+    ENGINE_TABLE_PATH,
+    PROGRAMS_PATH,
+)
+from autellix_vllm.router.keys import KeyRing, load_api_keys  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+ALICE, BOB = "sk-alice-ray-test-1", "sk-bob-ray-test-2"
+START_TIMEOUT_S = 900
+STOP_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """The running command, its URL and its keys file."""
+
+    def __init__(self, process: subprocess.Popen[bytes], url: str, keys: Path) -> None:
+        self.process = process
+        self.url = url
+        self.keys = keys
+
+    def client(self, key: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, timeout=120, headers={"Authorization": f"Bearer {key}"}
+        )
+
+    def owner_of(self, key: str) -> str:
+        """The owner id the ingress gives ``key``'s programs."""
+        client = KeyRing.build(None, load_api_keys(self.keys)).client_for(f"Bearer {key}")
+        assert client is not None
+        return client.owner
+
+    def engine_rows(self, program_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The engine's own table rows of ``program_ids``, asked of the engine with
+        the key its replica started it with (read from the engine's environment)."""
+        [reaper] = [
+            p for p in psutil.Process(self.process.pid).children(recursive=True)
+            if REAPER_MODULE in p.cmdline()
+        ]  # fmt: skip
+        command = reaper.cmdline()
+        port = command[command.index("--port") + 1]
+        key = reaper.environ()[ENGINE_KEY_VARIABLE]
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}{ENGINE_TABLE_PATH}",
+            json={"program_ids": program_ids},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        answer.raise_for_status()
+        return {row["program_id"]: row for row in answer.json()["programs"]}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[Served]:
+    folder = tmp_path_factory.mktemp("ray-serve")
+    keys = folder / "keys"
+    keys.write_text(f"alice: {ALICE}\nbob: {BOB}\n")
+    port = free_port()
+    command = [sys.executable, "-m", "autellix_vllm", "ray-serve", "--model", "tiny",
+               "--replicas", "1", "--port", str(port), "--api-keys-file", str(keys),
+               "--max-num-seqs", "4", "--max-model-len", "512",
+               "--chars-per-token", "1"]  # fmt: skip
+    with open(folder / "output", "wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(process, url, folder / "output")
+        yield Served(process, url, keys)
+    finally:
+        if process.poll() is None:  # a test failed before the stop test ran
+            left = psutil.Process(process.pid).children(recursive=True)
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            for child in left:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+
+
+def _wait_ready(process: subprocess.Popen[bytes], url: str, output: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = output.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"ray-serve exited with {process.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            answer = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {ALICE}"})
+            if answer.status_code == 200:
+                return
+        time.sleep(2)
+    raise RuntimeError("ray-serve was not ready in time")
+
+
+def chat(client: httpx.Client, headers: dict[str, str] | None = None, **body: Any) -> dict:
+    model = client.get("/v1/models").json()["data"][0]["id"]
+    payload = {"model": model, "max_tokens": 4,
+               "messages": [{"role": "user", "content": "hello"}], **body}  # fmt: skip
+    answer = client.post(CHAT_COMPLETIONS_PATH, json=payload, headers=headers or {})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def listed(client: httpx.Client, calls: int) -> dict[str, dict[str, Any]]:
+    """The caller's programs once ``calls`` calls of theirs have been reported."""
+    deadline = time.monotonic() + 10
+    while True:
+        rows = client.get(PROGRAMS_PATH, params={"limit": 1000}).json()["programs"]
+        done = sum(r["calls_completed"] + r["calls_failed"] for r in rows)
+        if done >= calls or time.monotonic() > deadline:
+            return {row["program_id"]: row for row in rows}
+        time.sleep(0.1)
+
+
+def test_a_programs_calls_reach_the_engine_under_its_keys_owner(served):
+    with served.client(ALICE) as alice:
+        pid = alice.post(PROGRAMS_PATH, json={"name": "owned"}).json()["program_id"]
+        chat(alice, {"X-Autellix-Program-Id": pid, "X-Autellix-Call-Id": "c1"})
+        # A forged owner is not the client's to state.
+        chat(alice, {"X-Autellix-Program-Id": pid, "X-Autellix-Owner": "someone-else"})
+        assert listed(alice, 2)[pid]["calls_completed"] == 2
+    row = served.engine_rows([pid])[pid]
+    assert row["owner"] == served.owner_of(ALICE) != served.owner_of(BOB)
+    assert row["calls_completed"] == 2
+
+
+def test_a_call_without_the_sdks_headers_joins_a_derived_program(served):
+    with served.client(ALICE) as alice, served.client(BOB) as bob:
+        chat(alice, prompt_cache_key="task-1")
+        chat(alice, prompt_cache_key="task-1")
+        chat(bob, prompt_cache_key="task-1")
+        derived = [
+            row for row in listed(alice, 4).values() if row["name"] == "prompt_cache_key=task-1"
+        ]
+        [bobs] = [r for r in listed(bob, 1).values() if r["name"] == "prompt_cache_key=task-1"]
+    [row] = derived
+    assert row["program_id"].startswith("derived-") and row["calls_completed"] == 2
+    assert bobs["program_id"] != row["program_id"]
+    on_engine = served.engine_rows([row["program_id"], bobs["program_id"]])
+    assert on_engine[row["program_id"]]["owner"] == served.owner_of(ALICE)
+    assert on_engine[bobs["program_id"]]["owner"] == served.owner_of(BOB)
+
+
+def test_sigterm_stops_every_process_the_command_started(served):
+    started = psutil.Process(served.process.pid).children(recursive=True)
+    names = {p.name() for p in started}
+    assert any("EngineCore" in name for name in names), names  # the engine is among them
+    served.process.send_signal(signal.SIGTERM)
+    assert served.process.wait(STOP_TIMEOUT_S) == 0
+
+    def alive() -> list[str]:
+        found = []
+        for process in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(f"{process.pid} {process.name()}")
+        return found
+
+    deadline = time.monotonic() + 10  # the kernel finishing what was killed
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive() == []
