@@ -35,6 +35,17 @@ def test_the_directory_derives_programs_as_the_router_is_told():
     assert made.directory["derived_idle_end_s"] == 60
 
 
+def test_one_engine_key_for_every_replica_is_kept_out_of_the_ready_line(monkeypatch):
+    from autellix_vllm.ray_serve.app import describe
+
+    monkeypatch.delenv("AUTELLIX_ENGINE_KEY", raising=False)
+    assert config().engine_key is None  # each replica makes its own
+    made = config("--engine-key", "sk-engine-test")
+    assert made.engine_key == "sk-engine-test" and describe(made)["engine_key"] == "***"
+    monkeypatch.setenv("AUTELLIX_ENGINE_KEY", "sk-from-env")
+    assert config().engine_key == "sk-from-env"
+
+
 def test_on_a_cluster_the_engines_do_not_split_one_hosts_cores():
     assert config("--address", "auto").engine["engines_on_host"] == 1
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 from autellix_vllm.cli import UsageError
 from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.cli.engine import add_engine_arguments, engine_config_from_args
 from autellix_vllm.cli.serve import add_router_arguments, table_bounds_from_args
+from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 
 # EngineConfig fields each replica sets itself (where its engine listens, its key, its log).
 _REPLICA_OWNED = ("host", "port", "api_key", "log_file")
@@ -62,6 +64,12 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
         default=0.0,
         help="GPUs Ray reserves per engine replica (1 on a GPU cluster: one engine per GPU)",
     )
+    parser.add_argument(
+        "--engine-key",
+        metavar="KEY",
+        help="the key every engine replica starts its engine with, for reading the engines"
+        f" directly (default: ${ENGINE_KEY_VARIABLE}, else a fresh random key per replica)",
+    )
     add_engine_arguments(parser)
     add_router_arguments(parser)
     parser.set_defaults(func=run, log_file=None)
@@ -94,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> object:
             locality_threshold=args.locality_threshold,
             engine_cpus=args.engine_cpus,
             engine_gpus=args.engine_gpus,
+            engine_key=args.engine_key or os.environ.get(ENGINE_KEY_VARIABLE),
             health_check_period_s=args.health_interval,
             directory={
                 "bounds": table_bounds_from_args(args),

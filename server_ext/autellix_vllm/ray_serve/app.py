@@ -46,6 +46,8 @@ class RayServeConfig:
     # CPUs (GPUs) Ray reserves per engine replica (its engine runs in that share).
     engine_cpus: float = 1.0
     engine_gpus: float = 0.0
+    # The key every replica starts its engine with (None: a fresh one per replica).
+    engine_key: str | None = None
     # Calls one engine replica takes at once before Serve queues them elsewhere.
     max_ongoing_calls: int = 64
     # Calls one ingress replica relays at once. Serve's default (5) would queue the
@@ -109,7 +111,7 @@ def build_app(config: RayServeConfig) -> Any:
     """The bound Serve application (``serve.run`` takes it)."""
     options = deployment_options(config)
     deploy = lambda cls: serve.deployment(cls, name=cls.__name__, **options[cls.__name__])  # noqa: E731
-    engines = deploy(EngineReplica).bind(config.engine)
+    engines = deploy(EngineReplica).bind(config.engine, config.engine_key)
     directory = deploy(ProgramDirectory).bind(**config.directory)
     return deploy(Ingress).bind(engines, directory, config.ingress)
 
@@ -125,4 +127,6 @@ def describe(config: RayServeConfig) -> dict[str, Any]:
     for key in ("api_key", "admin_key"):
         if data["ingress"].get(key):
             data["ingress"][key] = "***"
+    if data["engine_key"]:
+        data["engine_key"] = "***"
     return data

@@ -2,7 +2,8 @@
 
 The replica starts the engine (:class:`~autellix_vllm.engine.launcher.EngineProcess`:
 vLLM 0.32 with the Autellix scheduler, identity middleware and plugins) on a
-free loopback port, with an engine key of its own, so that only this replica
+free loopback port, with an engine key of its own (or the application's
+``engine_key``, for reading the engines directly), so that only the replica
 may state the scheduling fields. It relays each call to it over HTTP and
 sends the answer back to the ingress: for a stream, first an
 :class:`~autellix_vllm.ray_serve.messages.AnswerHead`, then the body's bytes as
@@ -57,10 +58,11 @@ GRACEFUL_SHUTDOWN_TIMEOUT_S = ENGINE_STOP_TIMEOUT_S + 15.0
 
 
 class EngineReplica:
-    """Serve deployment class (``app``): ``engine`` holds :class:`EngineConfig` fields."""
+    """Serve deployment class (``app``): ``engine`` holds :class:`EngineConfig` fields;
+    ``key``: the engine key (None: a fresh one, which only this replica knows)."""
 
-    def __init__(self, engine: dict[str, Any]) -> None:
-        self.key = secrets.token_urlsafe(24)
+    def __init__(self, engine: dict[str, Any], key: str | None = None) -> None:
+        self.key = key or secrets.token_urlsafe(24)
         config = EngineConfig(**{**engine, "port": 0, "host": "127.0.0.1", "api_key": self.key})
         self.name = this_replica_name()
         self.process = EngineProcess(config)
