@@ -7,6 +7,7 @@ from urllib.parse import quote
 import aiohttp
 import openai
 import pytest
+from autellix_vllm.policy import ALONE_PREFIX
 
 pytestmark = pytest.mark.engine
 
@@ -149,7 +150,7 @@ async def test_calls_without_identity_are_served_and_counted(engine, client):
     assert answer.choices[0].message.content is not None
     table = await get_table(engine)
     assert table["calls_without_identity"] == before + 1
-    assert not any(p["program_id"].startswith("anonymous:") for p in table["programs"])
+    assert not any(p["program_id"].startswith(ALONE_PREFIX) for p in table["programs"])
 
 
 async def test_table_counters_are_on_prometheus_metrics(engine, client):

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from autellix_vllm.engine.scheduler import ANONYMOUS_PREFIX  # noqa: E402
+from autellix_vllm.engine.scheduler import ALONE_PREFIX  # noqa: E402
 from autellix_vllm.protocol.identity import CallIdentity
 from vllm.v1.request import RequestStatus  # noqa: E402
 
@@ -196,10 +196,10 @@ def test_a_call_without_identity_is_its_own_program_and_session_id_is_a_fallback
     scheduler.add_request(harness.request("anon"))
     scheduler.add_request(harness.request("sess", session_id="conversation-7"))
     ids = {p["program_id"] for p in scheduler.autellix_snapshot()["programs"]}
-    assert ids == {ANONYMOUS_PREFIX + "anon", "conversation-7"}
+    assert ids == {ALONE_PREFIX + "anon", "conversation-7"}
     harness.run_until_idle(scheduler)
     snapshot = scheduler.autellix_snapshot()
-    # The anonymous program leaves with its only call; the session stays.
+    # The program of the call alone leaves with its only call; the session stays.
     assert [p["program_id"] for p in snapshot["programs"]] == ["conversation-7"]
     assert snapshot["calls_without_identity"] == 1
 
@@ -426,11 +426,11 @@ def test_live_calls_past_the_limit_run_alone_and_are_counted(harness):
     scheduler = harness.scheduler(AUTELLIX_MAX_LIVE_CALLS="2")
     for n in range(3):
         scheduler.add_request(harness.request(f"r{n}", program="P"))
-    assert scheduler.calls["r2"].program.program_id == ANONYMOUS_PREFIX + "r2"
+    assert scheduler.calls["r2"].program.program_id == ALONE_PREFIX + "r2"
     assert program(scheduler, "P")["active_calls"] == 2
     assert scheduler.autellix_snapshot()["calls_over_limit"] == {"max_live_calls": 1}
     harness.run_until_idle(scheduler)
-    assert program(scheduler, ANONYMOUS_PREFIX + "r2") is None
+    assert program(scheduler, ALONE_PREFIX + "r2") is None
 
 
 class BaseFailsFor:
@@ -505,6 +505,6 @@ def test_a_failing_registration_runs_the_call_alone(harness, monkeypatch):
 
     monkeypatch.setattr(adapter, "call_identity", broken)
     scheduler.add_request(harness.request("r", program="P", max_tokens=2))
-    assert scheduler.calls["r"].program.program_id == ANONYMOUS_PREFIX + "r"
+    assert scheduler.calls["r"].program.program_id == ALONE_PREFIX + "r"
     harness.run_until_idle(scheduler)
     assert scheduler.autellix_snapshot()["hook_failures"] == {"add_request": 1}

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from autellix_vllm.policy import (
-    ANONYMOUS_PREFIX,
+    ALONE_PREFIX,
     ATLAS,
     PLAS,
     PlasAtlas,
@@ -83,7 +83,7 @@ def test_a_call_that_would_grow_its_program_past_a_limit_runs_alone(limits, call
     ]
     last = placed[-1]
     assert all(call.program.program_id == "P" for call in placed[:-1])
-    assert last.program.program_id == ANONYMOUS_PREFIX + last.call_id
+    assert last.program.program_id == ALONE_PREFIX + last.call_id
     assert last.program.ended  # it leaves the table with its call
     assert core.table.calls_over_limit == {crossed: 1}
     assert core.snapshot(0.0)["calls_over_limit"] == {crossed: 1}
@@ -96,8 +96,8 @@ def test_live_calls_beyond_the_limit_run_alone_until_one_finishes():
         PLAS(), PolicyConfig(table=TableBounds(limits=ProgramLimits(max_live_calls=2)))
     )
     first, second = arrive(core, "a", "P"), arrive(core, "b", "P")
-    extra = core.add_call(CallIdentity("P", call_id="c"), now_s=0.0, alone_id="anonymous:request-c")
-    assert extra.program.program_id == "anonymous:request-c"
+    extra = core.add_call(CallIdentity("P", call_id="c"), now_s=0.0, alone_id="alone:request-c")
+    assert extra.program.program_id == "alone:request-c"
     serve(core, first)
     assert arrive(core, "d", "P").program is second.program
 
@@ -139,7 +139,7 @@ def test_a_call_the_policy_cannot_place_runs_alone_and_is_counted(caplog):
     core = ProgramScheduler(FailsFor("base"))
     with caplog.at_level(logging.ERROR, logger="autellix_vllm.policy.faults"):
         calls = [arrive(core, f"c{i}", "doomed") for i in range(3)]
-    assert all(c.program.program_id == ANONYMOUS_PREFIX + c.call_id for c in calls)
+    assert all(c.program.program_id == ALONE_PREFIX + c.call_id for c in calls)
     assert core.faults.counts == {"base": 3}
     assert core.snapshot(0.0)["hook_failures"] == {"base": 3}
     assert len(caplog.records) == 1  # once per kind, not per call

@@ -61,7 +61,7 @@ from autellix_vllm.engine._vllm_adapter import (
 )
 from autellix_vllm.engine.block_holds import EngineResidency
 from autellix_vllm.engine.settings import SchedulerSettings
-from autellix_vllm.policy import ANONYMOUS_PREFIX, Call, CallState, ProgramScheduler, Rank
+from autellix_vllm.policy import ALONE_PREFIX, Call, CallState, ProgramScheduler, Rank
 from autellix_vllm.policy.faults import Hook
 from autellix_vllm.policy.residency import SKIPPED_WAITERS
 from autellix_vllm.protocol.identity import NO_IDENTITY
@@ -81,7 +81,7 @@ class WaiterPreemptionReason(StrEnum):
 
 
 __all__ = [
-    "ANONYMOUS_PREFIX",
+    "ALONE_PREFIX",
     "AutellixAsyncScheduler",
     "AutellixScheduler",
     "AutellixSchedulerMixin",
@@ -441,7 +441,7 @@ class AutellixSchedulerMixin:
 
 def _alone(request: Request) -> str:
     """The program id of ``request`` when it runs alone (unique: vLLM's request id)."""
-    return ANONYMOUS_PREFIX + request.request_id
+    return ALONE_PREFIX + request.request_id
 
 
 class AutellixScheduler(AutellixSchedulerMixin, Scheduler):

@@ -29,7 +29,7 @@ from .config import (
     ServiceMeter,
     TableBounds,
 )
-from .core import ANONYMOUS_PREFIX, Counters, ProgramScheduler
+from .core import ALONE_PREFIX, Counters, ProgramScheduler
 from .policies import (
     ATLAS,
     DEFAULT_POLICY,
@@ -62,7 +62,7 @@ from .routing import (
 from .table import Call, CallState, ProcessTable, Program, Rank, Thread
 
 __all__ = [
-    "ANONYMOUS_PREFIX",
+    "ALONE_PREFIX",
     "ATLAS",
     "DEFAULT_BOUNDS",
     "DEFAULT_LIMITS",

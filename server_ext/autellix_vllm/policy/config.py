@@ -123,8 +123,8 @@ class ProgramLimits:
     """How large one program may grow: the shape of its thread tree and its calls.
 
     A program's shape comes from its client, so it is bounded: the router refuses
-    a call that would cross a limit (HTTP 400), and an engine schedules such a
-    call as an anonymous call instead of growing the program. The defaults leave
+    a call that would cross a limit (HTTP 400), and an engine runs such a call
+    alone, as a program of its own, instead of growing the program. The defaults leave
     room for real agents (a LATS search forks a few hundred threads one level
     deep; nested fan-out rarely goes ten levels deep) and keep every walk over a
     program's threads small.

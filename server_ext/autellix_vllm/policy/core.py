@@ -46,7 +46,7 @@ _EVICT_INTERVAL_S = 1.0
 
 # Program id prefix of a call that runs alone: it has no program id, or it
 # could not join its program (see ProgramScheduler.add_call).
-ANONYMOUS_PREFIX = "anonymous:"
+ALONE_PREFIX = "alone:"
 
 
 @dataclass
@@ -106,7 +106,7 @@ class ProgramScheduler:
         count, up to the limits' ``max_prior_service``.
 
         A call that cannot join its program runs alone, as the one call of
-        program ``alone_id`` (default ``ANONYMOUS_PREFIX + call_id``), which
+        program ``alone_id`` (default ``ALONE_PREFIX + call_id``), which
         leaves the table when the call completes. That happens when it has no
         program id, when it would grow its program past the table's limits
         (counted in ``table.calls_over_limit``), or when the policy fails to
@@ -123,9 +123,7 @@ class ProgramScheduler:
                     return self._admit(call, prompt_tokens, payload)
             else:
                 self.table.calls_over_limit[crossed.limit] += 1
-        program = self.table.open(
-            alone_id or ANONYMOUS_PREFIX + call_id, now_s, owner=identity.owner
-        )
+        program = self.table.open(alone_id or ALONE_PREFIX + call_id, now_s, owner=identity.owner)
         program.ended = True  # it leaves the table with its only call
         call = Call(call_id, program, program.thread(None), now_s, identity=identity)
         base = self._base(call, "the call ranks as a new program")

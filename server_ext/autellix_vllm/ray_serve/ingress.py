@@ -129,7 +129,7 @@ class Ingress:
         self.meter = ServiceMeter()
         self.reports = ReportBatch()
         self._models: dict[str, dict[str, Any]] = {}
-        self._anonymous = itertools.count()
+        self._alone_keys = itertools.count()  # routing keys of calls without a program
         self._flusher: asyncio.Task[None] | None = None
 
     async def __call__(self, request: Request) -> Response:
@@ -206,7 +206,7 @@ class Ingress:
             raw=call.raw,
             identity=identity,
             stream=call.stream,
-            program_key=identity.program_id or f"anonymous-{next(self._anonymous)}",
+            program_key=identity.program_id or f"alone-{next(self._alone_keys)}",
             prompt_tokens=call.prompt_tokens,
             prior_service=admission.prior_service,
             bound_replica=admission.bound_replica,

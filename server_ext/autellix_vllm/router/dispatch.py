@@ -150,7 +150,7 @@ class Dispatcher:
         self.balancer = balancer
         self.metrics = metrics
         self.meter = meter or ServiceMeter()
-        self._anonymous = itertools.count()
+        self._alone_keys = itertools.count()  # routing keys of calls without a program
 
     async def handle(
         self, request: web.Request, call: Call, started: float, caller: Client = ANONYMOUS
@@ -169,7 +169,7 @@ class Dispatcher:
         record = admitted.record
         if record is None:
             self.metrics.calls_without_program.inc()
-            key = f"anonymous-{next(self._anonymous)}"
+            key = f"alone-{next(self._alone_keys)}"
         else:
             key = record.program_id
         outcome = Outcome()
