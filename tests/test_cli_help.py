@@ -155,6 +155,13 @@ def test_a_sweep_prints_a_table_of_max_rates_and_ratios():
         "programs": None, "seed": 0, "slo_factor": 5.0, "slo": 0.0431,
         "unloaded_latency_per_token": 0.00862, "max_rate": {"vllm-opt": 2.44, "autellix": 2.55},
         "ratio": {"vllm-opt": 1.0, "autellix": 1.045}, "censored": ["autellix"], "plot": "x.png",
+        "tails": {"rate": 2.44, "by_policy": {
+            "vllm-opt": {"avg_latency_per_token": 0.0402, "p95_program_latency": 151.2,
+                         "p99_program_latency": 240.0, "avg_first_call_wait": 0.81,
+                         "p95_first_call_wait": 3.5},
+            "autellix": {"avg_latency_per_token": 0.0251, "p95_program_latency": 120.5,
+                         "p99_program_latency": 260.25, "avg_first_call_wait": 0.12,
+                         "p95_first_call_wait": 0.4}}},
     }  # fmt: skip
     assert format_sweep(result).splitlines() == [
         "sharegpt on 1 engine(s) of a100-llama8b, seed 0, 300 s of arrivals per rate",
@@ -163,8 +170,14 @@ def test_a_sweep_prints_a_table_of_max_rates_and_ratios():
         "vllm-opt  2.44                   1.00x",
         "autellix  >= 2.55                1.04x",
         ">=: still within the SLO at the search limit",
-        "plot: x.png: average latency per token against arrival rate, one curve per policy;"
-        " a policy's max rate is where its curve crosses the SLO (dashed)",
+        "",
+        "each policy in full at 2.44 programs/s (seconds; AVG/TOKEN: s/token):",
+        "POLICY    AVG/TOKEN  P95 PROGRAM  P99 PROGRAM  AVG FIRST WAIT  P95 FIRST WAIT",
+        "vllm-opt  0.0402     151.2        240          0.81            3.5",
+        "autellix  0.0251     120.5        260.2        0.12            0.4",
+        "plot: x.png: left, average latency per token against arrival rate, one curve per"
+        " policy (a policy's max rate is where its curve crosses the SLO, dashed); right,"
+        " each policy's program latency CDF at the tails' rate",
     ]
 
 

@@ -12,6 +12,7 @@ from autellix_vllm.bench.replay import (
     PromptVocabulary,
     build_workload,
     call_requests,
+    plot_engine_bench,
     prompts,
     replay,
     scaled_levels,
@@ -186,6 +187,45 @@ def test_summary_is_latency_per_decoded_token():
     assert summary["latency_per_token_s_by_program"]["p19"] == 2.0
 
 
+def test_summary_gives_the_program_latency_and_first_call_wait_tails():
+    results = [
+        ProgramResult(f"p{i}", 1, decode_tokens=10, latency_s=i + 1, first_call_wait_s=i / 10)
+        for i in range(20)
+    ]  # latencies 1 .. 20 s, waits 0 .. 1.9 s
+    summary = summarize(results, wall_s=20.0)
+    assert summary["p95_program_latency_s"] == 19.0  # index round(18.05) = 18
+    assert summary["p99_program_latency_s"] == 20.0
+    assert summary["avg_first_call_wait_s"] == pytest.approx(0.95)
+    assert summary["p95_first_call_wait_s"] == pytest.approx(1.8)
+    assert summary["program_latency_s_by_program"]["p19"] == 20.0
+
+
+def test_a_programs_first_calls_are_streamed_to_time_its_first_token():
+    program = DERIVED_PROGRAMS[0]
+    sent = call_requests(program, "m", "sent", vocabulary=PromptVocabulary.for_model("tiny"))
+    derived = call_requests(program, "m", "derived", words=ChatWords.for_model("tiny"))
+    for requests in (sent, derived):
+        streamed = {call_id for call_id, r in requests.items() if r.body.get("stream")}
+        assert streamed == {"p1"}  # the one call that waits for no other
+        assert requests["p1"].body["stream_options"] == {"include_usage": True}
+
+
+def test_the_engine_bench_plot_has_the_averages_beside_the_latency_cdf(tmp_path):
+    def run(scheduler, slower):
+        results = [ProgramResult(f"p{i}", 1, 10, (i + 1) * slower) for i in range(8)]
+        return {"scheduler": scheduler, **summarize(results, wall_s=10.0)}
+
+    result = {"settings": {"programs": 8, "workload": "mixed", "model": "tiny"},
+              "baseline": run("fcfs", 2.0), "candidate": run("autellix", 1.0)}  # fmt: skip
+    figure = plot_engine_bench(result, str(tmp_path / "bench.png"))
+    assert len(figure.axes) == 2
+    bars, cdf = figure.axes
+    assert [t.get_text() for t in bars.get_xticklabels()] == ["average", "P95", "P99"]
+    labels = [line.get_label() for line in cdf.get_lines()]
+    assert labels == ["baseline: fcfs", "candidate: autellix"]
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
 def test_summary_lists_each_calls_sent_and_answered_times():
     timed = ProgramResult("p", 2, decode_tokens=4, latency_s=3.0,
                           call_times={"a": (0.5, 1.25), "b": (2.0, 3.5004)})  # fmt: skip
@@ -219,6 +259,8 @@ async def test_replay_runs_dependent_and_parallel_calls_on_a_real_engine(engine)
     assert set(times) == {"root", "left", "right", "join"}
     assert times["root"][1] <= min(times["left"][0], times["right"][0])
     assert max(times["left"][1], times["right"][1]) <= times["join"][0]
+    # The root, streamed, timed its first token: after it was sent, before its end.
+    assert 0 < result.first_call_wait_s < times["root"][1] - times["root"][0]
     # vLLM's own counters saw the four prompts, and found the children's and the
     # join's first block (the CPU build's 128 tokens, of the root's 150) cached.
     counted = counted_between(before, read_counters([engine.base_url]))
@@ -241,6 +283,7 @@ async def test_derived_identity_groups_each_conversation_into_one_router_program
         results = await replay(router.ready, engine.served_model_name, DERIVED_PROGRAMS, settings)
         table = fetch_table(router.ready, None)
     assert [r.calls for r in results] == [5, 2]
+    assert all(r.first_call_wait_s > 0 for r in results)  # streamed through the router
     rows = table["programs"]
     assert all(row["program_id"].startswith("derived-") for row in rows)
     assert all(row["name"].startswith("conversation prefix") for row in rows)

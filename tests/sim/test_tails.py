@@ -72,7 +72,7 @@ def test_a_sweep_compares_the_tails_at_the_highest_rate_every_policy_met(tmp_pat
         for row in rows:
             assert set(TAIL_KEYS) <= set(row) or row["stopped_early"]
     text = format_sweep(result)
-    assert f"at {tails['rate']:.3g} programs/s, in full" in text
+    assert f"each policy in full at {tails['rate']:.3g} programs/s" in text
     assert "P95 PROGRAM  P99 PROGRAM  AVG FIRST WAIT  P95 FIRST WAIT" in text
     figure = plot(result, curves, "bfcl", str(tmp_path / "sweep.png"))
     assert len(figure.axes) == 2  # the average against the rate, the latency CDF
@@ -91,7 +91,7 @@ def test_the_sweep_cli_takes_the_rate_of_the_tails_and_plots_both_panels(tmp_pat
     assert png.stat().st_size > 1000
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "at 1.5 programs/s, in full (seconds; AVG/TOKEN: s/token):" in out
+    assert "each policy in full at 1.5 programs/s (seconds; AVG/TOKEN: s/token):" in out
     with pytest.raises(SystemExit) as refused:  # a rate of 0: one line, exit code 2
         main([*args[:-1], "0"])
     assert refused.value.code == 2

@@ -19,6 +19,8 @@ scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
   calls share their prefix with earlier ones, as agent calls do (a call that
   names another context, a subagent's, extends that one instead);
 * decode lengths are forced (``ignore_eos`` and ``max_tokens``);
+* a program's first calls (those that wait for no other) are streamed, so the
+  time of the program's first token is known; the others are not;
 * tool gaps are sleeps between a call and the calls that depend on it;
 * identity ``sent`` (the default): every call carries the SDK's headers
   (program, thread, call), and on the Autellix engine each program is ended
@@ -38,9 +40,11 @@ scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
 
 The metric is the paper's: program latency per token = program wall time
 (arrival to last completion) / the program's decoded tokens, averaged over
-programs and at the 95th percentile. Each run also reports vLLM's own counts of
-preemptions and prefix-cache hits over the replay (``vllm``), the same for both
-schedulers.
+programs and at the 95th percentile. Beside it, what the average hides
+(:func:`~autellix_vllm.stats.tails`): the P95 and P99 program latency and the
+first-call wait, from a program's first call to its first token (average and
+P95). Each run also reports vLLM's own counts of preemptions and prefix-cache
+hits over the replay (``vllm``), the same for both schedulers.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, runni
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
 from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
 from autellix_vllm.engine.models import resolve_model
+from autellix_vllm.plots import draw_latency_cdf, save_panels
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.protocol.identity import (
     CALL_ID_HEADER,
@@ -76,7 +81,7 @@ from autellix_vllm.protocol.paths import (
     ENGINE_TABLE_PATH,
 )
 from autellix_vllm.router.admin_client import fetch_table
-from autellix_vllm.stats import percentile
+from autellix_vllm.stats import percentile, tails
 from autellix_vllm.workloads import at_rate, generate, get_workload, load_trace
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
 
@@ -146,6 +151,8 @@ class ProgramResult:
     # Each call's (sent, answered) times in seconds from the run's start: where a
     # program's latency went.
     call_times: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Seconds from its first call's sending to its first token.
+    first_call_wait_s: float = 0.0
 
     @property
     def latency_per_token(self) -> float:
@@ -395,7 +402,12 @@ def call_requests(
         return {
             call.id: CallRequest(
                 CHAT_COMPLETIONS_PATH,
-                {**forced, "messages": messages[call.id], "max_tokens": call.decode_tokens},
+                {
+                    **forced,
+                    **_streamed(call),
+                    "messages": messages[call.id],
+                    "max_tokens": call.decode_tokens,
+                },
                 {},
             )
             for call in program.calls
@@ -412,9 +424,20 @@ def call_requests(
         }
         if call.parent_thread:
             headers[PARENT_THREAD_ID_HEADER] = call.parent_thread
-        body = {**forced, "prompt": prompt_of[call.id], "max_tokens": call.decode_tokens}
+        body = {
+            **forced,
+            **_streamed(call),
+            "prompt": prompt_of[call.id],
+            "max_tokens": call.decode_tokens,
+        }
         requests[call.id] = CallRequest(COMPLETIONS_PATH, body, headers)
     return requests
+
+
+def _streamed(call: CallSpec) -> dict[str, Any]:
+    """A program's first call (it waits for no other) is streamed, with its usage in
+    the last chunk: its first chunk times the program's first token."""
+    return {} if call.after else {"stream": True, "stream_options": {"include_usage": True}}
 
 
 async def replay(
@@ -467,16 +490,21 @@ async def _run_program(
     }
     prompt_tokens: dict[str, int] = {}
     call_times: dict[str, tuple[float, float]] = {}
+    first_tokens: list[float] = []  # of the streamed first calls, from the run's start
 
     async def run_call(call: CallSpec) -> None:
         await asyncio.gather(*(done[dep] for dep in call.after))
         await asyncio.sleep(call.tool_gap)
-        sent = time.monotonic() - start
-        prompt_tokens[call.id] = await _complete(http, base_url, call, requests[call.id])
-        call_times[call.id] = (sent, time.monotonic() - start)
+        sent = time.monotonic()
+        answer = await _complete(http, base_url, call, requests[call.id])
+        prompt_tokens[call.id] = answer.prompt_tokens
+        if answer.first_token is not None:
+            first_tokens.append(answer.first_token - start)
+        call_times[call.id] = (sent - start, time.monotonic() - start)
         done[call.id].set_result(None)
 
     await asyncio.gather(*(run_call(c) for c in program.calls))
+    first_sent = min(call_times[c.id][0] for c in program.calls if not c.after)
     result = ProgramResult(
         program.program_id,
         calls=len(program.calls),
@@ -484,6 +512,7 @@ async def _run_program(
         latency_s=time.monotonic() - arrived,
         prompt_tokens=sum(prompt_tokens.values()),
         call_times=call_times,
+        first_call_wait_s=min(first_tokens) - first_sent,
     )
     if end_path is not None:
         url = base_url + end_path.format(program_id=quote(program.program_id, safe=""))
@@ -496,16 +525,39 @@ async def _run_program(
     return result
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What a call's answer tells the replay."""
+
+    prompt_tokens: int  # as the engine counted them
+    first_token: float | None  # a streamed call's: when its first chunk came (monotonic)
+
+
 async def _complete(
     http: aiohttp.ClientSession, base_url: str, call: CallSpec, request: CallRequest
-) -> int:
+) -> Answer:
     """Send the call; checks the forced decode length (and a token-id prompt's
-    length) and returns the prompt tokens the engine counted."""
+    length)."""
     url = base_url + request.path
+    first_token = None
     async with http.post(url, json=request.body, headers=request.headers) as response:
-        answer = await response.json()
         if response.status != 200:
-            raise RuntimeError(f"call {call.id} failed with HTTP {response.status}: {answer}")
+            raise RuntimeError(
+                f"call {call.id} failed with HTTP {response.status}: {await response.text()}"
+            )
+        if request.body.get("stream"):
+            answer: dict[str, Any] = {}
+            async for chunk in _events(response):
+                if "error" in chunk:
+                    raise RuntimeError(f"call {call.id} failed mid-stream: {chunk['error']}")
+                if chunk.get("choices") and first_token is None:
+                    first_token = time.monotonic()
+                if chunk.get("usage"):
+                    answer["usage"] = chunk["usage"]
+            if "usage" not in answer:
+                raise RuntimeError(f"call {call.id}: its stream ended without the usage")
+        else:
+            answer = await response.json()
     usage = answer["usage"]
     if usage["completion_tokens"] != call.decode_tokens:
         raise RuntimeError(
@@ -517,13 +569,26 @@ async def _complete(
             f"call {call.id}: the engine counted {usage['prompt_tokens']}"
             f" prompt tokens, not {len(prompt)}"
         )
-    return usage["prompt_tokens"]
+    return Answer(usage["prompt_tokens"], first_token)
+
+
+async def _events(response: aiohttp.ClientResponse) -> Any:
+    """The JSON chunks of a server-sent event stream, up to ``[DONE]``."""
+    async for line in response.content:
+        data = line.strip().removeprefix(b"data:").strip()
+        if not line.startswith(b"data:") or not data:
+            continue
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
 
 
 def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
-    """The run's program latency per decoded token (average, tails) and each
-    program's own, which shows whose latency a tail is."""
+    """The run's program latency per decoded token (average, tails), the program
+    latency and first-call wait tails, and each program's own latency, which shows
+    whose latency a tail is."""
     per_token = [r.latency_per_token for r in results]
+    seconds = tails((r.latency_s for r in results), (r.first_call_wait_s for r in results))
     tokens = sum(r.decode_tokens for r in results)
     return {
         "programs": len(results),
@@ -535,9 +600,11 @@ def summarize(results: list[ProgramResult], wall_s: float) -> dict[str, Any]:
         "avg_latency_per_token_s": statistics.fmean(per_token),
         "p95_latency_per_token_s": percentile(per_token, 95),
         "p99_latency_per_token_s": percentile(per_token, 99),
+        **{f"{key}_s": value for key, value in seconds.items()},
         "latency_per_token_s_by_program": {
             r.program_id: round(r.latency_per_token, 4) for r in results
         },
+        "program_latency_s_by_program": {r.program_id: round(r.latency_s, 3) for r in results},
         "call_times_s_by_program": {
             r.program_id: {call: [round(t, 3) for t in when] for call, when in r.call_times.items()}
             for r in results
@@ -645,6 +712,42 @@ def run_engine_bench(settings: BenchSettings) -> dict[str, Any]:
 
 def _ratio(baseline: EngineRun, candidate: EngineRun, key: str) -> float:
     return baseline.summary[key] / candidate.summary[key]
+
+
+# The left panel's bars: a summary's key and its label.
+AVERAGE_BARS = (
+    ("avg_latency_per_token_s", "average"),
+    ("p95_latency_per_token_s", "P95"),
+    ("p99_latency_per_token_s", "P99"),
+)
+
+
+def plot_engine_bench(result: dict[str, Any], path: str) -> Any:
+    """Two panels of :func:`run_engine_bench`'s result: each scheduler's program
+    latency per token (average, P95, P99), and each one's program latency CDF.
+    Writes ``path`` (PNG) and returns the matplotlib figure."""
+    runs = {
+        f"{role}: {result[role]['scheduler']}": result[role] for role in ("baseline", "candidate")
+    }
+    latencies = {
+        label: list(run["program_latency_s_by_program"].values()) for label, run in runs.items()
+    }
+
+    def averages(ax: Any) -> None:
+        width = 0.8 / len(runs)
+        for i, (label, run) in enumerate(runs.items()):
+            xs = [j + i * width for j in range(len(AVERAGE_BARS))]
+            ax.bar(xs, [run[key] for key, _ in AVERAGE_BARS], width, label=label)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(AVERAGE_BARS))])
+        ax.set_xticklabels([name for _, name in AVERAGE_BARS])
+        ax.set_ylabel("program latency per token (s)")
+        ax.legend(fontsize=8)
+
+    settings = result["settings"]
+    title = f"{settings['programs']} programs of {settings['workload']} on {settings['model']}"
+    return save_panels(
+        path, title, [averages, lambda ax: draw_latency_cdf(ax, latencies, "each program")]
+    )
 
 
 def settings_summary(

@@ -58,6 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
         " router that derives each program from the growing conversation)"
         " (default: %(default)s)",
     )  # fmt: skip
+    engine.add_argument(
+        "--plot", metavar="PNG",
+        help="write two panels to this PNG: each scheduler's program latency per token"
+        " (average, P95, P99) and its program latency CDF (default: none)",
+    )  # fmt: skip
     engine.add_argument("--json", action="store_true", help="print only the JSON result")
     engine.set_defaults(func=_run_engine)
 
@@ -169,7 +174,7 @@ def _describe(name: str, settings: Any) -> str:
 
 
 def _run_engine(args: argparse.Namespace) -> int:
-    from autellix_vllm.bench.replay import run_engine_bench
+    from autellix_vllm.bench.replay import plot_engine_bench, run_engine_bench
 
     schedulers = tuple(args.schedulers.split(","))
     if len(schedulers) != 2 or not set(schedulers) <= set(SCHEDULERS):
@@ -177,8 +182,14 @@ def _run_engine(args: argparse.Namespace) -> int:
     settings = _bench_settings(
         args, schedulers=schedulers, side_by_side=args.side_by_side, identity=args.identity
     )
+    if args.plot:
+        import matplotlib  # noqa: F401  (missing: one line now, not after the runs)
     print(_describe("engine", settings), file=sys.stderr)  # stdout: the result alone
-    print_result(run_engine_bench(settings), args.json)
+    result = run_engine_bench(settings)
+    if args.plot:
+        plot_engine_bench(result, args.plot)
+        result["plot"] = args.plot
+    print_result(result, args.json)
     return 0
 
 

@@ -313,7 +313,7 @@ def _format_tails(tails: dict[str, Any] | None) -> list[str]:
     rows = [("POLICY", *(heading for _, heading in TAIL_COLUMNS))]
     for key, metrics in tails["by_policy"].items():
         rows.append((key, *(f"{metrics[metric]:.4g}" for metric, _ in TAIL_COLUMNS)))
-    header = f"at {tails['rate']:.3g} programs/s, in full (seconds; AVG/TOKEN: s/token):"
+    header = f"each policy in full at {tails['rate']:.3g} programs/s (seconds; AVG/TOKEN: s/token):"
     return ["", header, *_table(rows)]
 
 
