@@ -34,6 +34,12 @@ def test_cpu_command_uses_the_autellix_scheduler_and_cpu_flags():
     assert "--enforce-eager" in cmd
 
 
+def test_answers_carry_per_request_timings_unless_the_user_turns_stats_off():
+    assert "--enable-per-request-metrics" in launcher.server_command(EngineConfig(), TINY, 1)
+    quiet = EngineConfig(extra_args=["--disable-log-stats"])
+    assert "--enable-per-request-metrics" not in launcher.server_command(quiet, TINY, 1)
+
+
 def test_fcfs_baseline_is_stock_vllm_with_the_same_flags():
     autellix = launcher.server_command(EngineConfig(), TINY, 1)
     fcfs = launcher.server_command(EngineConfig(scheduler="fcfs"), TINY, 1)

@@ -4,6 +4,8 @@
     autellix ps --all                            # and the programs that ended last
     autellix top                                 # refreshed every second, most service first
     autellix ps --url http://127.0.0.1:8000 --api-key KEY --json
+    autellix ps PROGRAM                          # where one program's time went
+    autellix ps PROGRAM --chrome-trace t.json    # the same for Perfetto
 
 Columns: PROGRAM (id), NAME, ENGINE (the engine the program is bound to, else
 the engines its calls ran on, with ``*`` after them: short prompts bind to no
@@ -14,6 +16,18 @@ over engines), AGE, OWNER (the name of the key that opened it); for ended
 programs, AGE is how long the program lived and ENDED how long ago it ended.
 docs/glossary.md explains binding, service and waiting.
 ``--url`` and ``--api-key`` default to $AUTELLIX_URL and $AUTELLIX_API_KEY.
+
+``autellix ps PROGRAM`` prints the program's timeline (its newest 64 calls,
+as long as the router keeps the program): per call, when it arrived, its
+thread, how long it waited in the engine's queue (QUEUE), its PREFILL and
+DECODE, the rest of its time at the router (OTHER: the router, the network,
+the engine's API server), its prompt tokens, those the prefix cache served,
+its generated tokens, and GAP, the program's own time after it (no call in
+flight) until its next call; then a waterfall, one line per call. ``-`` where
+the engine did not say (an engine started without
+``--enable-per-request-metrics``; cached tokens need
+``--enable-prompt-tokens-details``). ``--chrome-trace FILE`` writes it in the
+Trace Event Format, which https://ui.perfetto.dev and chrome://tracing open.
 
 The router lists a key's own programs (the admin key's: all), a page at a
 time; both commands read the pages in turn, up to ``--max-programs`` programs
@@ -41,10 +55,13 @@ from autellix_vllm.router.admin_client import (
     RouterUnavailable,
     fetch_ended,
     fetch_table,
+    fetch_timeline,
 )
+from autellix_vllm.router.timeline import chrome_trace
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 TOP_MAX_PROGRAMS = 1000
+WATERFALL_WIDTH = 60  # characters for the program's whole latency
 
 
 def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
@@ -88,10 +105,25 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
             help="also list the programs that ended last, newest first",
         )
         parser.add_argument("--json", action="store_true", help="print the raw table as JSON")
+        parser.add_argument(
+            "program",
+            nargs="?",
+            help="a program id: print where its time went (its timeline) instead of the table",
+        )
+        parser.add_argument(
+            "--chrome-trace",
+            metavar="FILE",
+            help="with PROGRAM: also write its timeline to FILE in the Trace Event Format, for"
+            " Perfetto (default: no file)",
+        )
         parser.set_defaults(func=run_ps)
 
 
 def run_ps(args: argparse.Namespace) -> int:
+    if args.program is not None:
+        return run_timeline(args)
+    if args.chrome_trace is not None:
+        raise UsageError("--chrome-trace needs a PROGRAM: autellix ps PROGRAM --chrome-trace FILE")
     try:
         table = fetch_table(args.url, args.api_key, max_programs=_max_programs(args))
         ended = fetch_ended(args.url, args.api_key) if args.all else None
@@ -106,6 +138,28 @@ def run_ps(args: argparse.Namespace) -> int:
     if ended is not None:
         print()
         print(format_ended(ended))
+    return 0
+
+
+def run_timeline(args: argparse.Namespace) -> int:
+    if args.all:
+        raise UsageError("--all lists programs; it does not go with a PROGRAM")
+    try:
+        timeline = fetch_timeline(args.url, args.api_key, args.program)
+    except AdminClientError as error:
+        raise UsageError(str(error)) from None
+    if args.chrome_trace is not None:
+        trace = chrome_trace(args.program, timeline)
+        try:
+            with open(args.chrome_trace, "w") as out:
+                json.dump(trace, out)
+        except OSError as error:
+            raise UsageError(f"cannot write {args.chrome_trace}: {error.strerror}") from None
+        print(f"wrote {args.chrome_trace}: open it in https://ui.perfetto.dev", file=sys.stderr)
+    if args.json:
+        print(json.dumps(timeline, indent=2))
+    else:
+        print(format_timeline(timeline))
     return 0
 
 
@@ -181,6 +235,69 @@ def format_ended(ended: dict[str, Any]) -> str:
     total = ended.get("total", len(programs))
     shown = "" if total == len(programs) else f" (showing {len(programs)})"
     return _lines(f"{total} ended programs{shown}, the last ended first", rows)
+
+
+def format_timeline(timeline: dict[str, Any]) -> str:
+    """A program's timeline (``fetch_timeline``): a summary line, a row per call
+    in order of arrival, and a waterfall (``q`` queue, ``p`` prefill, ``d``
+    decode, ``=`` the rest of the call, ``#`` a call the engine gave no timings
+    for, ``.`` the program's own time after it)."""
+    calls = timeline.get("calls", [])
+    name = timeline.get("name")
+    title = printable(timeline.get("program_id", "?")) + (f" ({printable(name)})" if name else "")
+    dropped = timeline.get("calls_dropped", 0)
+    older = f", {dropped} older not kept" if dropped else ""
+    active = timeline.get("calls_active", 0)
+    running = f", {active} in flight" if active else ""
+    summary = (
+        f"{title}: {len(calls)} calls{older}{running} in {_seconds(timeline.get('latency_s'))}:"
+        f" in calls {_seconds(timeline.get('in_calls_s'))} (queue"
+        f" {_seconds(timeline.get('queue_s'))}, prefill {_seconds(timeline.get('prefill_s'))},"
+        f" decode {_seconds(timeline.get('decode_s'))}, other {_seconds(timeline.get('other_s'))}),"
+        f" own time {_seconds(timeline.get('own_time_s'))}; prompt tokens"
+        f" {timeline.get('prompt_tokens', 0)}, {timeline.get('cached_tokens', 0)} from the cache"
+    )
+    header = ("START", "THREAD", "CALL", "ENGINE", "QUEUE", "PREFILL", "DECODE", "OTHER",
+              "PROMPT", "CACHED", "OUT", "GAP")  # fmt: skip
+    rows = [header]
+    for call in calls:
+        rows.append((
+            _seconds(call["start_s"]),
+            printable(call.get("thread_id") or "-"),
+            printable(call.get("call_id") or "-"),
+            printable(call.get("engine") or "-") + ("" if call.get("completed") else "!"),
+            *(_seconds(call.get(part)) for part in ("queue_s", "prefill_s", "decode_s",
+                                                      "other_s")),
+            *(_count(call.get(part)) for part in ("prompt_tokens", "cached_tokens",
+                                                  "completion_tokens")),
+            _seconds(call.get("gap_after_s")),
+        ))  # fmt: skip
+    table = _lines(summary, rows)
+    bars = [_waterfall(call, timeline.get("latency_s") or 0.0) for call in calls]
+    return table + ("\n\n" + "\n".join(bars) if bars else "")
+
+
+def _waterfall(call: dict[str, Any], latency_s: float) -> str:
+    """One call's line of the waterfall, ``WATERFALL_WIDTH`` characters for ``latency_s``."""
+    scale = WATERFALL_WIDTH / latency_s if latency_s > 0 else 0.0
+    parts = [(call.get(p), mark) for p, mark in (("queue_s", "q"), ("prefill_s", "p"),
+                                                 ("decode_s", "d"), ("other_s", "="))]  # fmt: skip
+    if any(seconds is None for seconds, _ in parts):
+        parts = [(call["duration_s"], "#")]
+    parts.append((call.get("gap_after_s") or 0.0, "."))
+    bar = " " * round(call["start_s"] * scale)
+    for seconds, mark in parts:
+        bar += mark * (round(seconds * scale) or (1 if seconds else 0))
+    label = printable(call.get("call_id") or call.get("thread_id") or "-")
+    return f"{bar.ljust(WATERFALL_WIDTH)}  {label}"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _program_cells(p: dict[str, Any], down: set[str]) -> tuple[str, ...]:

@@ -54,6 +54,10 @@ from autellix_vllm.registry import lookup
 SCHEDULER_CLS = "autellix_vllm.engine.scheduler.AutellixScheduler"
 ASYNC_SCHEDULER_CLS = "autellix_vllm.engine.scheduler.AutellixAsyncScheduler"
 MIDDLEWARE = "autellix_vllm.engine.middleware.IdentityMiddleware"
+# vLLM puts each call's queue, prefill and decode times in its answer (its
+# ``metrics``): the router's program timelines read them. vLLM refuses it
+# together with --disable-log-stats, so a user's --disable-log-stats goes without.
+PER_REQUEST_METRICS = "--enable-per-request-metrics"
 # VLLM_PLUGINS is an allowlist for every plugin group: naming only the endpoint
 # plugin would silently stop the engine-side (general) plugin from loading.
 PLUGIN_NAMES = ("autellix_general", "autellix_endpoint")
@@ -243,6 +247,8 @@ def server_command(config: EngineConfig, model: ModelSpec, port: int) -> list[st
     parser = tool_call_parser(config, model)
     if parser is not None:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    if "--disable-log-stats" not in config.extra_args:
+        cmd.append(PER_REQUEST_METRICS)
     # The model's own flags (dtype, dummy weights) before the user's: vLLM takes
     # the last value of a flag, so the user's extra arguments win.
     return cmd + model.vllm_args(device) + list(config.extra_args)

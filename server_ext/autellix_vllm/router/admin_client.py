@@ -1,8 +1,9 @@
 """The router's admin client: its process table, read over HTTP.
 
 What ``autellix ps`` and ``autellix top`` show, and what the router benchmark
-reads, from ``GET /autellix/v1/programs``: the pages read in turn, and an
-answer that is not a router's (an engine's URL, a wrong key) turned into an
+reads, from ``GET /autellix/v1/programs``: the pages read in turn; a program's
+timeline (``GET /autellix/v1/programs/{id}/timeline``, ``autellix ps PROGRAM``);
+and an answer that is not a router's (an engine's URL, a wrong key) turned into an
 :class:`AdminClientError` that says what to do. Standard library only.
 """
 
@@ -14,7 +15,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from autellix_vllm.protocol.paths import PROGRAMS_PATH
+from autellix_vllm.protocol.paths import PROGRAM_TIMELINE_PATH, PROGRAMS_PATH
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 """Where ``autellix serve`` listens by default."""
@@ -23,6 +24,10 @@ NOT_A_ROUTER = (
     "this looks like an engine (or another server), not a router: point --url at"
     " autellix serve's router (its ready line names the URL)"
 )
+
+
+# The error codes of a 404 about a program (router.programs), not about the route.
+PROGRAM_REFUSALS = ("program_not_found", "program_ended")
 
 
 class AdminClientError(Exception):
@@ -60,6 +65,18 @@ def fetch_ended(url: str, api_key: str | None, timeout_s: float = 5.0) -> dict[s
     return _get_page(router_root(url), api_key, timeout_s, {"limit": PAGE_SIZE, "ended": 1})
 
 
+def fetch_timeline(
+    url: str, api_key: str | None, program_id: str, timeout_s: float = 5.0
+) -> dict[str, Any]:
+    """The timeline of one of the caller's programs (``router.timeline``)."""
+    root = router_root(url)
+    path = PROGRAM_TIMELINE_PATH.format(program_id=urllib.parse.quote(program_id, safe=""))
+    timeline = _get_json(root, path, api_key, timeout_s)
+    if not isinstance(timeline, dict) or not isinstance(timeline.get("calls"), list):
+        raise AdminClientError(f"{root} answered {path} without a timeline: {NOT_A_ROUTER}")
+    return timeline
+
+
 def router_root(url: str) -> str:
     """The router's address without a trailing ``/v1`` (the SDK's base URL works too)."""
     parts = urllib.parse.urlsplit(url)
@@ -73,27 +90,47 @@ def router_root(url: str) -> str:
 def _get_page(
     root: str, api_key: str | None, timeout_s: float, query: dict[str, Any]
 ) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    address = f"{root}{PROGRAMS_PATH}?{urllib.parse.urlencode(query)}"
-    request = urllib.request.Request(address, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            page = json.load(answer)
-    except urllib.error.HTTPError as error:
-        raise _refusal(root, error.code, api_key) from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise RouterUnavailable(f"cannot reach the router at {root}: {reason}") from None
-    except ValueError:  # not JSON
-        raise AdminClientError(
-            f"{root} answered {PROGRAMS_PATH} without JSON: {NOT_A_ROUTER}"
-        ) from None
+    path = f"{PROGRAMS_PATH}?{urllib.parse.urlencode(query)}"
+    page = _get_json(root, path, api_key, timeout_s)
     if not isinstance(page, dict) or not isinstance(page.get("programs"), list):
         raise AdminClientError(f"{root} answered {PROGRAMS_PATH} without a table: {NOT_A_ROUTER}")
     return page
 
 
-def _refusal(root: str, status: int, api_key: str | None) -> AdminClientError:
+def _get_json(root: str, path: str, api_key: str | None, timeout_s: float) -> Any:
+    """``GET root + path`` as JSON; an :class:`AdminClientError` that says why not."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(root + path, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            return json.load(answer)
+    except urllib.error.HTTPError as error:
+        raise _refusal(root, error.code, api_key, _program_refusal(error)) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise RouterUnavailable(f"cannot reach the router at {root}: {reason}") from None
+    except ValueError:  # not JSON
+        path_only = path.split("?")[0]
+        raise AdminClientError(
+            f"{root} answered {path_only} without JSON: {NOT_A_ROUTER}"
+        ) from None
+
+
+def _program_refusal(error: urllib.error.HTTPError) -> str | None:
+    """The router's message of a 404 that names a program (not found, or ended)."""
+    try:
+        body = json.load(error)
+    except (ValueError, OSError):
+        return None
+    details = body.get("error") if isinstance(body, dict) else None
+    if isinstance(details, dict) and details.get("code") in PROGRAM_REFUSALS:
+        return str(details.get("message"))
+    return None
+
+
+def _refusal(
+    root: str, status: int, api_key: str | None, program_refusal: str | None = None
+) -> AdminClientError:
     """What an HTTP error status from ``root`` means to the user."""
     if status == 401 and api_key:
         return AdminClientError(
@@ -102,6 +139,8 @@ def _refusal(root: str, status: int, api_key: str | None) -> AdminClientError:
         )
     if status == 401:
         return AdminClientError(f"the router at {root} needs a key: --api-key or $AUTELLIX_API_KEY")
+    if program_refusal is not None:
+        return AdminClientError(f"the router at {root} answered: {program_refusal}")
     if status in (404, 405):  # a router always serves the table: an engine has no such route
         return AdminClientError(f"{root} has no {PROGRAMS_PATH} ({status}): {NOT_A_ROUTER}")
     if status >= 500:

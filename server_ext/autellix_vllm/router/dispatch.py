@@ -71,7 +71,8 @@ from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.metrics import RouterMetrics
 from autellix_vllm.router.programs import ProgramRecord, ProgramTable
-from autellix_vllm.router.usage import SseRelay, read_answer
+from autellix_vllm.router.timeline import CallSpan
+from autellix_vllm.router.usage import NO_REPORT, CallReport, SseRelay, read_whole_answer
 
 log = logging.getLogger("autellix.router")
 
@@ -122,6 +123,12 @@ class Outcome:
     response_id: str | None = None  # a non-streamed response's id (the Responses API)
     relay: SseRelay | None = None  # a stream's relay, once it started
     upstream_s: float = 0.0  # time spent waiting for the engine (non-streaming calls)
+    whole_report: CallReport = NO_REPORT  # what a non-streamed answer said of the call
+
+    @property
+    def report(self) -> CallReport:
+        """What the engine said the call was made of (its tokens and timings)."""
+        return self.relay.report if self.relay is not None else self.whole_report
 
     def charged(self, prompt_tokens: int) -> float | None:
         """The service to charge: the usage's, or for a stream, what it did so far."""
@@ -173,16 +180,22 @@ class Dispatcher:
         else:
             key = record.program_id
         outcome = Outcome()
+        arrived_s = self.programs.clock() - (time.perf_counter() - started)  # the router got it
         try:
             await self._send_with_retries(request, call, key, admitted, outcome)
         finally:
             if record is not None:
+                engine = outcome.engine.name if outcome.engine else None
+                identity, finished_s = call.identity, self.programs.clock()
+                span = CallSpan(identity.call_id, identity.thread_id, engine, arrived_s,
+                                finished_s, outcome.completed, outcome.report)  # fmt: skip
                 self.programs.call_finished(
                     record,
                     call.identity.call_id,
-                    engine=outcome.engine.name if outcome.engine else None,
+                    engine=engine,
                     service=outcome.charged(call.prompt_tokens),
                     completed=outcome.completed,
+                    span=span,
                 )
                 response_id = outcome.relay.response_id if outcome.relay else outcome.response_id
                 answered(self.deriver, record, call.path, outcome.completed, response_id)
@@ -318,7 +331,9 @@ class Dispatcher:
         outcome.engine = engine
         outcome.completed = upstream.status == 200
         if outcome.completed:
-            outcome.service, outcome.response_id = read_answer(payload, self.meter)
+            outcome.service, outcome.response_id, outcome.whole_report = read_whole_answer(
+                payload, self.meter
+            )
         outcome.response = _whole_answer(upstream, payload)
 
     async def _send_stream(

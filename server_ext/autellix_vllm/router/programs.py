@@ -57,6 +57,7 @@ from autellix_vllm.protocol.identity import (
 )
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
+from autellix_vllm.router.timeline import CallSpan, new_spans, timeline
 
 # Final rows of ended programs kept per owner, for listing (newest first).
 ENDED_ROWS_KEPT = 100
@@ -95,6 +96,8 @@ class ProgramRecord:
     calls_in_flight: set[str] = field(default_factory=set)
     # Its newest completed call ids (made on its first completed call with an id).
     completed_calls: RecentIds | None = None
+    # Its newest finished calls, for its timeline (made on its first finished call).
+    spans: deque[CallSpan] | None = None
 
     @property
     def last_active_s(self) -> float:
@@ -309,14 +312,20 @@ class ProgramTable:
         engine: str | None,
         service: float | None,
         completed: bool,
+        span: CallSpan | None = None,
     ) -> None:
         """A call ended: ``completed`` (answered in full by ``engine``) or not.
 
         ``service`` is what the engine did for it, charged either way: an
         attempt that did not complete (a stream the client dropped) is charged
         its work, and one that failed before any work costs nothing, so a
-        retry of it is charged once.
+        retry of it is charged once. ``span``: where its time went, for the
+        program's timeline.
         """
+        if span is not None:
+            if record.spans is None:
+                record.spans = new_spans()
+            record.spans.append(span)
         record.calls_active -= 1
         record.last_completion_s = self.clock()
         if call_id is not None:
@@ -340,10 +349,7 @@ class ProgramTable:
         """End a program: it leaves the table and its id is refused from now on.
         Its final row (``waiting_time`` as in :meth:`row`) is kept for
         :meth:`ended_rows`."""
-        record = self._programs.get(program_id)
-        if record is None or not caller.may_see(record.owner):
-            self._refuse_ended(program_id, caller, param="program_id")
-            raise ProgramNotFound(program_id, param="program_id")
+        record = self._visible(program_id, caller)
         self._drop(record)
         self._ended.put(program_id, record.owner)
         final = {**self.row(record, waiting_time), "ended_s": self.clock()}
@@ -378,6 +384,19 @@ class ProgramTable:
             return Page([], 0, None)
         records, next_after = order.page(after, limit)
         return Page(records, len(order), next_after)
+
+    def timeline(self, program_id: str, caller: Client) -> dict[str, Any]:
+        """The timeline of a program ``caller`` may see (:func:`timeline`), with its id;
+        :class:`ProgramNotFound` or :class:`ProgramEnded` if there is none."""
+        record = self._visible(program_id, caller)
+        spans = list(record.spans or ())
+        finished = record.calls_completed + record.calls_failed
+        return {
+            "program_id": program_id,
+            "name": record.name,
+            "calls_active": record.calls_active,
+            **timeline(spans, finished),
+        }
 
     def bound_to(self, engine: str) -> list[ProgramRecord]:
         """Programs bound to ``engine`` (see :meth:`routed`)."""
@@ -471,6 +490,15 @@ class ProgramTable:
         if caller.may_see(owner):
             raise ProgramEnded(program_id, param)
         raise ProgramNotFound(program_id, param)
+
+    def _visible(self, program_id: str, caller: Client) -> ProgramRecord:
+        """The record of a program in the table that ``caller`` may see; else the
+        refusal a request naming it in its path gets (ended, or not found)."""
+        record = self._programs.get(program_id)
+        if record is None or not caller.may_see(record.owner):
+            self._refuse_ended(program_id, caller, param="program_id")
+            raise ProgramNotFound(program_id, param="program_id")
+        return record
 
     def _in_table(self, record: ProgramRecord) -> bool:
         return self._programs.get(record.program_id) is record

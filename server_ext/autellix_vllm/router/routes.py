@@ -6,6 +6,8 @@ healthy engines).
 
 Autellix: ``POST /autellix/v1/programs`` (open a program, optional ``name``),
 ``DELETE /autellix/v1/programs/{id}`` (end it, here and on its engines),
+``GET /autellix/v1/programs/{id}/timeline`` (its calls' parts and its own
+time, for its owner),
 ``GET /autellix/v1/programs?limit=N&after=C`` (the global process table, one
 page at a time, oldest first: the caller's programs, or every program for the
 admin key; with ``ended=1``, the final rows of the programs ended last, newest
@@ -31,6 +33,7 @@ from autellix_vllm.protocol.paths import (
     ENGINES_PATH,
     GENERATION_PATHS,
     PROGRAM_PATH,
+    PROGRAM_TIMELINE_PATH,
     PROGRAMS_PATH,
 )
 from autellix_vllm.router.calls import parse_json_object, read_call
@@ -50,6 +53,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(PROGRAMS_PATH, open_program)
     app.router.add_get(PROGRAMS_PATH, list_programs)
     app.router.add_delete(PROGRAM_PATH, end_program)
+    app.router.add_get(PROGRAM_TIMELINE_PATH, program_timeline)
     app.router.add_get(ENGINES_PATH, list_engines)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
@@ -89,15 +93,27 @@ async def open_program(request: web.Request) -> web.Response:
     )
 
 
-async def end_program(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+def program_id_in_path(request: web.Request) -> str:
+    """The ``{program_id}`` of the request's path; a 400 if it is not a valid id."""
     program_id = request.match_info["program_id"]
     try:
-        validate_id(program_id, "program_id")
+        return validate_id(program_id, "program_id")
     except IdentityError as error:
         raise ApiError(400, str(error), error.code, error.param) from None
+
+
+async def end_program(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    program_id = program_id_in_path(request)
     await end_everywhere(state, program_id, caller(request))
     return web.json_response({"program_id": program_id, "ended": True})
+
+
+async def program_timeline(request: web.Request) -> web.Response:
+    """Where the time of the program's calls went, and its own time between them
+    (``router.timeline``); 404 for a program the caller may not see."""
+    program_id = program_id_in_path(request)
+    return web.json_response(request.app[STATE].programs.timeline(program_id, caller(request)))
 
 
 async def end_everywhere(

@@ -14,12 +14,21 @@ stream that ends before its usage (the client left, the engine broke) is
 charged an estimate: one token per event relayed, plus its prompt. Plain
 Python: the relay writes to anything with an async ``write`` (aiohttp's
 response in the router, a buffer in the Ray Serve ingress).
+
+The same final answer (or event) is also where the engine says what the call
+was made of (:class:`CallReport`): its tokens, those the prefix cache served
+(with ``--enable-prompt-tokens-details``), and vLLM's per-request timings (its
+``metrics``, sent by engines started with ``--enable-per-request-metrics``, as
+``autellix`` starts them): how long the call waited in the engine's queue, its
+prefill (first scheduled to first token) and its decode (first to last token).
+A program's timeline is built from them (:mod:`autellix_vllm.router.timeline`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from autellix_vllm.policy.config import ServiceMeter
@@ -42,6 +51,49 @@ def service_from_usage(usage: Any, meter: ServiceMeter) -> float | None:
     return meter.amount(generated, max(0, computed))
 
 
+@dataclass(frozen=True, slots=True)
+class CallReport:
+    """What the engine said a call was made of; None where it did not say."""
+
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of the prompt, served by the prefix cache
+    completion_tokens: int | None = None
+    queue_s: float | None = None  # in the engine's queue, until first scheduled
+    prefill_s: float | None = None  # first scheduled to first token
+    decode_s: float | None = None  # first to last token (preemptions included)
+
+
+NO_REPORT = CallReport()
+
+
+def call_report(answer: dict[str, Any]) -> CallReport:
+    """The report in a final answer or event (a chat or completion answer, its
+    last stream chunk, or a response)."""
+    usage = answer.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    timings = answer.get("metrics")
+    timings = timings if isinstance(timings, dict) else {}
+    return CallReport(
+        prompt_tokens=_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
+        cached_tokens=_count(details.get("cached_tokens")) if isinstance(details, dict) else None,
+        completion_tokens=_count(usage.get("completion_tokens", usage.get("output_tokens"))),
+        queue_s=_seconds(timings.get("queue_time_ms")),
+        prefill_s=_seconds(timings.get("time_to_first_token_ms")),
+        decode_s=_seconds(timings.get("generation_time_ms")),
+    )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _seconds(milliseconds: Any) -> float | None:
+    if isinstance(milliseconds, int | float) and milliseconds >= 0:
+        return milliseconds / 1000
+    return None
+
+
 def service_from_body(payload: bytes, meter: ServiceMeter) -> float | None:
     """The service in a non-streamed answer's ``usage``."""
     return read_answer(payload, meter)[0]
@@ -50,15 +102,23 @@ def service_from_body(payload: bytes, meter: ServiceMeter) -> float | None:
 def read_answer(payload: bytes, meter: ServiceMeter) -> tuple[float | None, str | None]:
     """A non-streamed answer's service (from its ``usage``) and its ``id``, each
     None if it has none."""
+    service, answer_id, _ = read_whole_answer(payload, meter)
+    return service, answer_id
+
+
+def read_whole_answer(
+    payload: bytes, meter: ServiceMeter
+) -> tuple[float | None, str | None, CallReport]:
+    """:func:`read_answer`, and the answer's :class:`CallReport`."""
     try:
         answer = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return None, None
+        return None, None, NO_REPORT
     if not isinstance(answer, dict):
-        return None, None
+        return None, None, NO_REPORT
     answer_id = answer.get("id")
     service = service_from_usage(answer.get("usage"), meter)
-    return service, answer_id if isinstance(answer_id, str) else None
+    return service, answer_id if isinstance(answer_id, str) else None, call_report(answer)
 
 
 class EventWriter(Protocol):
@@ -76,6 +136,7 @@ class SseRelay:
         self.drop_usage = drop_usage
         self.service: float | None = None
         self.response_id: str | None = None  # a response stream's, from its last event
+        self.report = NO_REPORT  # from the event that carries the usage
         self.events_relayed = 0
         self._pending = b""
 
@@ -113,17 +174,17 @@ class SseRelay:
         payload = _event_data(event)
         if not isinstance(payload, dict):
             return True
-        usage = payload.get("usage")
+        answer = payload
         if payload.get("type") == "response.completed":
             response = payload.get("response")
-            response = response if isinstance(response, dict) else {}
-            usage = response.get("usage")
-            if isinstance(response.get("id"), str):
-                self.response_id = response["id"]
-        service = service_from_usage(usage, self.meter)
+            answer = response if isinstance(response, dict) else {}
+            if isinstance(answer.get("id"), str):
+                self.response_id = answer["id"]
+        service = service_from_usage(answer.get("usage"), self.meter)
         if service is None:
             return True
         self.service = service
+        self.report = call_report(answer)
         # The usage-only chunk the client did not ask for has no choices.
         return not (self.drop_usage and not payload.get("choices"))
 
