@@ -136,19 +136,19 @@ def _latency_ratios(
     lower bound, and it has no tails: None)."""
     rates = [m * base_rate for m in multiples]
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        baseline = [
+        base_runs = [
             pool.submit(_fixed_rate, workload, where, BASELINE, rate, seed, config, duration, None)
             for rate in rates
         ]
-        ours = [
+        our_runs = [
             pool.submit(
                 _fixed_rate, workload, where, DEFAULT_POLICY, rate, seed, config, duration,
                 LATENCY_TOLERANCE * base.result()["avg_latency_per_token"],
             )  # fmt: skip
-            for rate, base in zip(rates, baseline, strict=True)
+            for rate, base in zip(rates, base_runs, strict=True)
         ]
-        baseline = [b.result() for b in baseline]
-        ours = [o.result() for o in ours]
+        baseline = [b.result() for b in base_runs]
+        ours = [o.result() for o in our_runs]
     return {
         m: {
             "rate": r,

@@ -354,7 +354,7 @@ class Simulation:
         first_waits = [first_token[p] - self.first_arrival[p] for p in runs]
         counters = [e.core.counters for e in sims]
         prompt = sum(e.kv.prompt_tokens for e in sims)
-        metrics = {
+        metrics: dict[str, Any] = {
             "programs": len(runs),
             "stopped_early": False,
             "calls": len(jobs),

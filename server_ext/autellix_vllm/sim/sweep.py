@@ -272,7 +272,7 @@ TAIL_COLUMNS = (
 )
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     """Rows as left-aligned columns."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
