@@ -19,7 +19,7 @@ import pkgutil
 import sys
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.cli._extras import missing_extra
@@ -74,7 +74,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -232,7 +232,7 @@ def engine_config_from_args(
     )
     values.update(overrides)
     try:
-        config = EngineConfig(**values)  # type: ignore[arg-type]
+        config = EngineConfig(**values)
         scheduler_environment(config)  # also the AUTELLIX_* variables it inherits
         device_args(config, config.resolved_device())  # e.g. a host KV tier on a CPU
     except ValueError as exc:

@@ -18,12 +18,16 @@ import argparse
 import dataclasses
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from autellix_vllm.cli import UsageError
 from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.cli.engine import add_engine_arguments, engine_config_from_args
 from autellix_vllm.cli.serve import add_router_arguments, table_bounds_from_args
 from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
+
+if TYPE_CHECKING:  # imported where used: Ray is an extra
+    from autellix_vllm.ray_serve.app import RayServeConfig
 
 # EngineConfig fields each replica sets itself (where its engine listens, its key, its log).
 _REPLICA_OWNED = ("host", "port", "api_key", "log_file")
@@ -75,7 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     parser.set_defaults(func=run, log_file=None)
 
 
-def config_from_args(args: argparse.Namespace) -> object:
+def config_from_args(args: argparse.Namespace) -> RayServeConfig:
     """The application's :class:`~autellix_vllm.ray_serve.app.RayServeConfig` of ``args``."""
     try:
         from autellix_vllm.ray_serve.app import RayServeConfig
@@ -131,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"deploying {args.replicas} engine replicas on {where} (each takes about a minute)")
     try:
         serve_until_stopped(
-            config,  # type: ignore[arg-type]
+            config,
             args.address,
             args.host,
             args.port,

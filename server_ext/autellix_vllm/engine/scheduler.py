@@ -197,6 +197,9 @@ class AutellixSchedulerMixin:
     running: list[Request]
     requests: dict[str, Request]
     waiting: RequestQueue
+    # mypy reads this class alone, not with the vLLM scheduler it is mixed into:
+    # each call up to that scheduler (`super()`, `# type: ignore[misc]`) and each
+    # `self` passed or typed as one (`[arg-type]`, `[assignment]`) is ignored.
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         settings = SchedulerSettings.from_env(os.environ)  # before vLLM builds anything
