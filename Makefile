@@ -24,8 +24,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
-# mypy first (its packages are listed in pyproject.toml's [tool.mypy]): a type error
-# fails in seconds, before the suite's minutes.
+# mypy first (the packages it checks are listed in pyproject.toml's [tool.mypy]):
+# a type error fails the target before the suite's minutes.
 test: install
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
@@ -76,4 +76,4 @@ lint: install
 	$(BIN)/ruff check sdk server_ext tests examples bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache build *.egg-info

@@ -16,7 +16,7 @@ from collections import Counter
 import aiohttp
 import pytest
 from aiohttp import web
-from autellix_vllm.bench.soak import FORGED_SERVICE, EngineTables, Tally
+from autellix_vllm.bench.soak_mallory import FORGED_SERVICE, EngineTables, Tally
 from autellix_vllm.engine.reaper import group_members
 from autellix_vllm.protocol.paths import ENGINE_TABLE_PATH
 from local_http import serving
