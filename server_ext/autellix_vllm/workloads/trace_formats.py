@@ -150,11 +150,13 @@ class _ConversationTails:
             del node[self._END]
 
     def longest_prefix_of(self, hash_ids: tuple[int, ...]) -> int | None:
-        node, found = self._root, None
+        node = self._root
+        found: int | None = None
         for block in hash_ids:
-            node = node.get(block)
-            if node is None:
+            child = node.get(block)
+            if child is None:
                 break
+            node = child
             found = node.get(self._END, found)
         return found
 
