@@ -5,9 +5,10 @@ import json
 
 import pytest
 from autellix_vllm.cli import main
+from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.sim import CallSpec, ProgramSpec, simulate
 from autellix_vllm.sim.matrix import format_tails
-from autellix_vllm.sim.sweep import format_sweep, plot, sweep
+from autellix_vllm.sim.sweep import SweepSetup, format_sweep, plot, run_at, sweep
 from autellix_vllm.stats import TAIL_KEYS, percentile
 from autellix_vllm.workloads.trace import write_trace
 
@@ -63,14 +64,21 @@ def test_a_sweep_compares_the_tails_at_the_highest_rate_every_policy_met(tmp_pat
     assert tails["rate"] == min(result["max_rate"].values())
     for curve in curves:
         measured = tails["by_policy"][curve.key]
-        assert measured["p95_program_latency"] == percentile(curve.latencies, 95)
-        assert measured["p99_program_latency"] == percentile(curve.latencies, 99)
+        latencies = curve.program_latency[tails["rate"]]
+        assert measured["p95_program_latency"] == percentile(latencies, 95)
+        assert measured["p99_program_latency"] == percentile(latencies, 99)
         assert measured["avg_first_call_wait"] > 0 and measured["p95_first_call_wait"] > 0
         # Each rate the search ran is a row; full runs have their tails.
         rows = result["points"][curve.key]
         assert [row["rate"] for row in rows] == [rate for rate, _ in curve.points]
         for row in rows:
             assert set(TAIL_KEYS) <= set(row) or row["stopped_early"]
+    # The same figures as a run of its own at that rate, in full, whether the
+    # search had run that rate already (the policy whose max rate it is) or not.
+    setup = SweepSetup("bfcl", 0, 1, "a100-llama8b", 8, PolicyConfig(), 8)
+    for key, measured in tails["by_policy"].items():
+        alone = run_at(setup, key, "round-robin", tails["rate"])
+        assert measured == {k: alone[k] for k in measured}
     text = format_sweep(result)
     assert f"each policy in full at {tails['rate']:.3g} programs/s" in text
     assert "P95 PROGRAM  P99 PROGRAM  AVG FIRST WAIT  P95 FIRST WAIT" in text
@@ -111,3 +119,15 @@ def test_the_matrix_tails_table_gives_the_defaults_over_the_baselines():
     assert lines[0].endswith("P95 program latency / P95 first-call wait")
     assert lines[1].split()[2:] == ["0.5x", "1.5x"]
     assert lines[2].split() == ["a100-llama8bx1", "bfcl", "0.50/0.50", "-/-"]
+
+
+def test_every_simulator_policy_may_be_a_sweep_or_matrix_column():
+    """The columns come from the registry: a policy added there is a column at once."""
+    from autellix_vllm.cli import build_parser
+    from autellix_vllm.sim import SIM_POLICIES
+
+    names = ",".join(SIM_POLICIES)
+    parser = build_parser()
+    for command in ("sweep", "matrix"):
+        args = parser.parse_args(["simulate", command, "--policies", f"vllm-opt,{names}"])
+        assert args.policies == ["vllm-opt", *SIM_POLICIES]

@@ -72,8 +72,9 @@ class Curve:
     points: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     max_rate: float = 0.0
     censored: bool = False  # still within the SLO at the search limit
-    # Each program's latency (seconds, sorted) at the common rate of the tails.
-    latencies: list[float] = field(default_factory=list)
+    # Rate -> each program's latency (seconds, sorted) in a full run at that rate:
+    # the search's runs that were not stopped early, and the tails' run.
+    program_latency: dict[float, list[float]] = field(default_factory=dict)
 
 
 def run_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, Any]:
@@ -124,9 +125,11 @@ def _search(setup: SweepSetup, key: str, policy: str, lb: str, start: float, lim
     curve = Curve(key)
 
     def ok(rate: float) -> bool:
-        metrics = run_at(setup, policy, lb, rate)
-        curve.points.append((rate, metrics))
-        return metrics["avg_latency_per_token"] <= setup.slo
+        result = simulate_at(setup, policy, lb, rate)
+        curve.points.append((rate, result.metrics))
+        if not result.metrics["stopped_early"]:
+            curve.program_latency[rate] = sorted(result.program_latency.values())
+        return result.metrics["avg_latency_per_token"] <= setup.slo
 
     lo, hi = 0.0, start
     while hi <= limit:  # bracket: lo passes, hi fails
@@ -161,15 +164,24 @@ def _tails_at(
     rate: float,
 ) -> dict[str, Any]:  # fmt: skip
     """Every policy's full run at ``rate``: its average and tails for the result, each
-    program's latency kept on its curve for the CDF."""
+    program's latency kept on its curve for the CDF. A policy whose search ran that
+    rate in full (the one whose max rate it is) is not run again."""
     full = replace(setup, slo=0.0)
-    futures = [pool.submit(simulate_at, full, policy, lb, rate) for _, policy, lb in runs]
+    missing = {
+        curve.key: pool.submit(simulate_at, full, policy, lb, rate)
+        for curve, (_, policy, lb) in zip(curves, runs, strict=True)
+        if rate not in curve.program_latency
+    }
+    keys = ("avg_latency_per_token", *TAIL_KEYS)
     by_policy = {}
-    for curve, future in zip(curves, futures, strict=True):
-        result = future.result()
-        curve.latencies = sorted(result.program_latency.values())
-        keys = ("avg_latency_per_token", *TAIL_KEYS)
-        by_policy[curve.key] = {key: result.metrics[key] for key in keys}
+    for curve in curves:
+        if curve.key in missing:
+            result = missing[curve.key].result()
+            curve.program_latency[rate] = sorted(result.program_latency.values())
+            metrics = result.metrics
+        else:
+            metrics = dict(curve.points)[rate]
+        by_policy[curve.key] = {key: metrics[key] for key in keys}
     return {"rate": rate, "by_policy": by_policy}
 
 
@@ -325,7 +337,7 @@ def plot(result: dict[str, Any], curves: list[Curve], title: str, path: str) -> 
     rate = tails["rate"] if tails else None
     panels = [lambda ax: _draw_curves(ax, curves, result["slo"], rate)]
     if tails is not None:
-        latencies = {c.key: c.latencies for c in curves}
+        latencies = {c.key: c.program_latency[rate] for c in curves}
         caption = f"at {rate:.3g} programs/s"
         panels.append(lambda ax: draw_latency_cdf(ax, latencies, caption))
     return save_panels(path, title, panels)
