@@ -34,6 +34,8 @@ MODEL = "tiny"
 
 @dataclass(frozen=True)
 class SoakSettings:
+    """What a run is asked for: its length, load and seed, and serve's limits."""
+
     minutes: float = 10.0
     rate: float = 1.0  # honest programs started per second
     seed: int = 0
@@ -47,11 +49,14 @@ class SoakSettings:
 
 
 def say(message: str) -> None:
+    """One progress line on stderr (stdout carries only the result)."""
     print(f"autellix bench soak: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
 class Keys:
+    """A run's fresh keys: the two clients' (serve's keys file), the admin's, the engines'."""
+
     alice: str
     mallory: str
     admin: str
