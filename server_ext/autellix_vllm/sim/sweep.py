@@ -19,9 +19,10 @@ exceed the SLO (``simulate(stop_above=...)``): the verdict is the same as a full
 run's, and overloaded runs, the slowest, end early.
 
 An average hides the tails, so every policy then runs once more, in full, at one
-common rate (by default the highest rate every policy met): its P95 and P99
-program latency, its first-call wait (:func:`~autellix_vllm.stats.tails`), and
-each program's latency, which :func:`plot` draws as a CDF.
+common rate (by default the highest rate every policy met; a policy whose search
+ran that rate in full is not run again): its P95 and P99 program latency, its
+first-call wait (:func:`~autellix_vllm.stats.tails`), and each program's
+latency, which :func:`plot` draws as a CDF.
 """
 
 from __future__ import annotations
