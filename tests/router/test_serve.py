@@ -21,36 +21,22 @@ import re
 import signal
 import string
 import subprocess
-import sys
-import threading
-import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
-from autellix_vllm.bench.subprocesses import ENGINE_READY
 from autellix_vllm.engine.reaper import group_alive, group_members
 from polling import eventually, wait_until, wait_until_gone
+from serve_process import SERVE, Served, read_until_ready, start_serve, stop_serve
 
 pytestmark = pytest.mark.engine
 
 THRESHOLD = 200
 # The engines' key, given to serve so that the router benchmark below can reach them too.
 ENGINE_KEY_ENV = {**os.environ, "AUTELLIX_ENGINE_KEY": f"test-{uuid.uuid4().hex}"}
-SERVE = [sys.executable, "-m", "autellix_vllm"]
 PROGRAMS = "/autellix/v1/programs"
-
-
-@dataclass
-class Served:
-    process: subprocess.Popen[str]
-    url: str = ""
-    engine_urls: dict[int, str] = field(default_factory=dict)
-    engine_pids: dict[int, int] = field(default_factory=dict)
-    output: list[str] = field(default_factory=list)
 
 
 def processes_mentioning(marker: str) -> list[int]:
@@ -64,41 +50,6 @@ def processes_mentioning(marker: str) -> list[int]:
             except OSError:
                 pass
     return found
-
-
-def start_serve(*options: str, env: dict[str, str] | None = None) -> Served:
-    process = subprocess.Popen(
-        [*SERVE, "serve", "--port", "0", *options],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
-    return Served(process)
-
-
-def read_until_ready(served: Served, timeout_s: float = 600) -> None:
-    """Read serve's output up to its ready line, then keep reading it in the background."""
-    deadline = time.monotonic() + timeout_s
-    assert served.process.stdout is not None
-    for line in served.process.stdout:
-        served.output.append(line)
-        if found := re.search(ENGINE_READY, line):
-            served.engine_urls[int(found[1])] = found[2]
-            served.engine_pids[int(found[1])] = int(found[3])
-        if found := re.search(r"router ready at (\S+);", line):
-            served.url = found[1]
-            threading.Thread(target=keep_reading, args=(served,), daemon=True).start()
-            return
-        assert time.monotonic() < deadline, "autellix serve did not get ready"
-    pytest.fail("autellix serve exited early:\n" + "".join(served.output))
-
-
-def keep_reading(served: Served) -> None:
-    assert served.process.stdout is not None
-    for line in served.process.stdout:
-        served.output.append(line)
 
 
 def wait_for_line(served: Served, pattern: str, timeout_s: float) -> re.Match[str]:
@@ -134,15 +85,7 @@ def served():
         read_until_ready(served)
         yield served
     finally:
-        if served.process.poll() is None:
-            served.process.send_signal(signal.SIGTERM)
-            try:
-                served.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(served.process.pid, signal.SIGKILL)
-        for pid in served.engine_pids.values():  # nothing may survive, whatever happened
-            if group_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+        stop_serve(served)
 
 
 def transcript(seed: str, length: int) -> str:
