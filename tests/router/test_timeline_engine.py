@@ -89,3 +89,9 @@ async def test_a_programs_timeline_adds_up_to_its_latency_for_its_owner_only(
         argv = ["ps", program_id, "--url", router.url, "--api-key", "sk-bob"]
         assert await asyncio.to_thread(main, argv) == 2
         assert f"no program {program_id!r}" in capsys.readouterr().err
+
+        ending = f"{router.url}/autellix/v1/programs/{program_id}"
+        assert (await request("DELETE", ending, headers=bearer("sk-alice")))[0] == 200
+        status, ended = await request("GET", path, headers=bearer("sk-alice"))
+        assert status == 200 and ended["ended"] is True
+        assert ended["calls"] == timeline["calls"]  # kept with its final row

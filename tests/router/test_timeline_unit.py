@@ -9,8 +9,8 @@ import pytest
 from autellix_vllm.cli.ps import format_timeline
 from autellix_vllm.policy.config import ServiceMeter, TableBounds
 from autellix_vllm.protocol.identity import CallIdentity
-from autellix_vllm.router.keys import ANONYMOUS
-from autellix_vllm.router.programs import ProgramTable
+from autellix_vllm.router.keys import ANONYMOUS, Client
+from autellix_vllm.router.programs import ProgramEnded, ProgramNotFound, ProgramTable
 from autellix_vllm.router.timeline import TIMELINE_CALLS_KEPT, CallSpan, chrome_trace, timeline
 from autellix_vllm.router.usage import NO_REPORT, CallReport, call_report, read_whole_answer
 
@@ -111,3 +111,19 @@ def test_a_programs_calls_are_kept_up_to_the_bound():
     data = table.timeline("p", ANONYMOUS)
     assert len(data["calls"]) == TIMELINE_CALLS_KEPT and data["calls_dropped"] == 3
     assert data["calls"][0]["call_id"] == "c3"
+
+
+def test_the_timelines_of_the_programs_an_owner_ended_last_are_kept_for_it_only():
+    table = ProgramTable(TableBounds(), ended_rows_kept=2)
+    alice, bob = Client("alice", "alice"), Client("bob", "bob")
+    for program_id in ("p1", "p2", "p3"):
+        record = table.call_arrived(CallIdentity(program_id=program_id), alice)
+        table.call_finished(record, None, engine="e", service=1.0, completed=True,
+                            span=span(f"{program_id}-c", 0.0, 1.0))  # fmt: skip
+        table.end(program_id, alice)
+    ended = table.timeline("p3", alice)
+    assert ended["ended"] is True and [c["call_id"] for c in ended["calls"]] == ["p3-c"]
+    with pytest.raises(ProgramNotFound):
+        table.timeline("p3", bob)
+    with pytest.raises(ProgramEnded):  # past the two kept: its id is still refused
+        table.timeline("p1", alice)

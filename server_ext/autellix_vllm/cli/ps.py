@@ -18,7 +18,7 @@ docs/glossary.md explains binding, service and waiting.
 ``--url`` and ``--api-key`` default to $AUTELLIX_URL and $AUTELLIX_API_KEY.
 
 ``autellix ps PROGRAM`` prints the program's timeline (its newest 64 calls,
-as long as the router keeps the program): per call, when it arrived, its
+while the router keeps the program or its final row): per call, when it arrived, its
 thread, how long it waited in the engine's queue (QUEUE), its PREFILL and
 DECODE, the rest of its time at the router (OTHER: the router, the network,
 the engine's API server), its prompt tokens, those the prefix cache served,

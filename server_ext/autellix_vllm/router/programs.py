@@ -11,8 +11,8 @@ to local ids when it cannot reach the program API). An ended id is remembered
 (the newest ``ended_ids_kept`` of them) and refused, so a late call of an
 ended program is not silently re-created. The final rows of the programs each
 owner ended last (``ended_rows_kept`` per owner) are kept for listing
-(``autellix ps --all``), so that a program of a few seconds can be looked at
-after it ended.
+(``autellix ps --all``), with their timelines (``autellix ps PROGRAM``), so
+that a program of a few seconds can be looked at after it ended.
 
 Owners: a program belongs to the client (key) that opened it. Another client
 gets 404 ``program_not_found`` for it, whether it calls, ends or lists it, as
@@ -228,6 +228,9 @@ class ProgramTable:
         self.ended_rows_kept = ended_rows_kept
         # Owner -> the final rows of its programs that ended last, oldest first.
         self._ended_rows: dict[str, deque[dict[str, Any]]] = {}
+        # Owner -> the timelines of the same programs: program id -> (name, its
+        # newest finished calls, calls finished), oldest ended first.
+        self._ended_timelines: dict[str, dict[str, tuple[str | None, list[CallSpan], int]]] = {}
         # Program id -> owner, for the programs in the table (an idle sweep names
         # only the ids it dropped).
         self._owners: dict[str, str] = {}
@@ -357,6 +360,10 @@ class ProgramTable:
         if rows is None:
             rows = self._ended_rows[record.owner] = deque(maxlen=self.ended_rows_kept)
         rows.append(final)
+        timelines = self._ended_timelines.setdefault(record.owner, {})
+        timelines[program_id] = (record.name, list(record.spans or ()), _finished(record))
+        if len(timelines) > self.ended_rows_kept:
+            del timelines[next(iter(timelines))]
         return record
 
     def ended_rows(self, caller: Client, limit: int) -> tuple[list[dict[str, Any]], int]:
@@ -386,16 +393,22 @@ class ProgramTable:
         return Page(records, len(order), next_after)
 
     def timeline(self, program_id: str, caller: Client) -> dict[str, Any]:
-        """The timeline of a program ``caller`` may see (:func:`timeline`), with its id;
+        """The timeline of a program ``caller`` may see (:func:`timeline`), with its id,
+        also of one of the programs its owner ended last (``ended``: true);
         :class:`ProgramNotFound` or :class:`ProgramEnded` if there is none."""
+        owner = self._ended.get(program_id, None)
+        kept = self._ended_timelines.get(owner, {}).get(program_id) if owner else None
+        if kept is not None and owner is not None and caller.may_see(owner):
+            name, spans, finished = kept
+            return {"program_id": program_id, "name": name, "ended": True, "calls_active": 0,
+                    **timeline(spans, finished)}  # fmt: skip
         record = self._visible(program_id, caller)
-        spans = list(record.spans or ())
-        finished = record.calls_completed + record.calls_failed
         return {
             "program_id": program_id,
             "name": record.name,
+            "ended": False,
             "calls_active": record.calls_active,
-            **timeline(spans, finished),
+            **timeline(list(record.spans or ()), _finished(record)),
         }
 
     def bound_to(self, engine: str) -> list[ProgramRecord]:
@@ -523,3 +536,8 @@ class ProgramTable:
             owned.removed(count)
             if not owned:
                 del self._opened_by_owner[owner]
+
+
+def _finished(record: ProgramRecord) -> int:
+    """The program's calls that ended, completed or not."""
+    return record.calls_completed + record.calls_failed
