@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from autellix_vllm.cli import main
 from autellix_vllm.cli.ps import format_timeline
 from autellix_vllm.policy.config import ServiceMeter, TableBounds
 from autellix_vllm.protocol.identity import CallIdentity
@@ -127,3 +128,16 @@ def test_the_timelines_of_the_programs_an_owner_ended_last_are_kept_for_it_only(
         table.timeline("p3", bob)
     with pytest.raises(ProgramEnded):  # past the two kept: its id is still refused
         table.timeline("p1", alice)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ps", "--chrome-trace", "t.json"], "--chrome-trace needs a PROGRAM"),
+        (["ps", "prog-1", "--all"], "--all lists programs; it does not go with a PROGRAM"),
+    ],
+)
+def test_ps_names_a_timeline_option_that_does_not_fit_in_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and message in error
