@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,39 +21,29 @@ pytest.importorskip("ray")
 pytest.importorskip("vllm")
 psutil = pytest.importorskip("psutil")
 
-from autellix_vllm.engine.launcher import REAPER_MODULE  # noqa: E402
-from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE  # noqa: E402
 from autellix_vllm.protocol.paths import (  # noqa: E402
     CHAT_COMPLETIONS_PATH,
     ENGINE_TABLE_PATH,
     PROGRAMS_PATH,
 )
 from autellix_vllm.router.keys import KeyRing, load_api_keys  # noqa: E402
+from ray_serve_process import STOP_TIMEOUT_S, RayServed, start_ray_serve, stop_ray_serve  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
 ALICE, BOB = "sk-alice-ray-test-1", "sk-bob-ray-test-2"
-START_TIMEOUT_S = 900
-STOP_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Served:
-    """The running command, its URL and its keys file."""
+    """The running command and its keys file."""
 
-    def __init__(self, process: subprocess.Popen[bytes], url: str, keys: Path) -> None:
-        self.process = process
-        self.url = url
+    def __init__(self, command: RayServed, keys: Path) -> None:
+        self.command = command
         self.keys = keys
 
     def client(self, key: str) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, timeout=120, headers={"Authorization": f"Bearer {key}"}
+            base_url=self.command.url, timeout=120, headers={"Authorization": f"Bearer {key}"}
         )
 
     def owner_of(self, key: str) -> str:
@@ -67,16 +54,10 @@ class Served:
 
     def engine_rows(self, program_ids: list[str]) -> dict[str, dict[str, Any]]:
         """The engine's own table rows of ``program_ids``, asked of the engine with
-        the key its replica started it with (read from the engine's environment)."""
-        [reaper] = [
-            p for p in psutil.Process(self.process.pid).children(recursive=True)
-            if REAPER_MODULE in p.cmdline()
-        ]  # fmt: skip
-        command = reaper.cmdline()
-        port = command[command.index("--port") + 1]
-        key = reaper.environ()[ENGINE_KEY_VARIABLE]
+        the key its replica started it with."""
+        [(url, key)] = self.command.engines()
         answer = httpx.post(
-            f"http://127.0.0.1:{port}{ENGINE_TABLE_PATH}",
+            url + ENGINE_TABLE_PATH,
             json={"program_ids": program_ids},
             headers={"Authorization": f"Bearer {key}"},
             timeout=30,
@@ -90,42 +71,15 @@ def served(tmp_path_factory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("ray-serve")
     keys = folder / "keys"
     keys.write_text(f"alice: {ALICE}\nbob: {BOB}\n")
-    port = free_port()
-    command = [sys.executable, "-m", "autellix_vllm", "ray-serve", "--model", "tiny",
-               "--replicas", "1", "--port", str(port), "--api-keys-file", str(keys),
-               "--max-num-seqs", "4", "--max-model-len", "512",
-               "--chars-per-token", "1"]  # fmt: skip
-    with open(folder / "output", "wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    command = start_ray_serve(
+        folder, "--model", "tiny", "--replicas", "1", "--api-keys-file", str(keys),
+        "--max-num-seqs", "4", "--max-model-len", "512", "--chars-per-token", "1",
+        ready_key=ALICE,
+    )  # fmt: skip
     try:
-        _wait_ready(process, url, folder / "output")
-        yield Served(process, url, keys)
+        yield Served(command, keys)
     finally:
-        if process.poll() is None:  # a test failed before the stop test ran
-            left = psutil.Process(process.pid).children(recursive=True)
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            for child in left:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
-
-
-def _wait_ready(process: subprocess.Popen[bytes], url: str, output: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = output.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"ray-serve exited with {process.returncode}:\n{tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            answer = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {ALICE}"})
-            if answer.status_code == 200:
-                return
-        time.sleep(2)
-    raise RuntimeError("ray-serve was not ready in time")
+        stop_ray_serve(command)  # nothing left to stop once the last test ran
 
 
 def chat(client: httpx.Client, headers: dict[str, str] | None = None, **body: Any) -> dict:
@@ -178,11 +132,11 @@ def test_a_call_without_the_sdks_headers_joins_a_derived_program(served):
 
 
 def test_sigterm_stops_every_process_the_command_started(served):
-    started = psutil.Process(served.process.pid).children(recursive=True)
+    started = served.command.started()
     names = {p.name() for p in started}
     assert any("EngineCore" in name for name in names), names  # the engine is among them
-    served.process.send_signal(signal.SIGTERM)
-    assert served.process.wait(STOP_TIMEOUT_S) == 0
+    served.command.process.send_signal(signal.SIGTERM)
+    assert served.command.process.wait(STOP_TIMEOUT_S) == 0
 
     def alive() -> list[str]:
         found = []
