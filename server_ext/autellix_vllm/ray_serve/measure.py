@@ -6,7 +6,8 @@ today's router (``autellix serve``, one tiny engine), and where the
 difference goes. Both run at once and calls alternate between them and the
 stages timed alone (sequential, ``max_tokens`` 1), so that the machine's load
 weighs on all alike: the whole Ray path for a call of a program (and for one
-without, which skips the directory), the router's path (router and engine),
+without, which the directory admits too: it may derive a program for it), the
+router's path (router and engine),
 Serve's HTTP proxy to a replica that answers at once, the directory's round
 trip from a handle, and an engine replica's answer from a handle (request
 router, replica, its loopback hop to the engine, the engine).
@@ -156,7 +157,7 @@ def breakdown(calls: int) -> dict[str, Any]:
             stream=False, program_key="breakdown", prompt_tokens=2,
         )  # fmt: skip
         # An agent's call names its program: the ingress asks the directory, the
-        # router its table. A call without one skips both.
+        # router its table. A call without one asks them too (a derived program).
         program = {
             name: {"X-Autellix-Program-Id": client.post(PROGRAMS_PATH).json()["program_id"]}
             for name, client in (("ray", ray_client), ("router", router_client))
