@@ -129,7 +129,8 @@ def test_mixed_holds_one_program_of_each_workload_per_shuffled_block():
     blocks = [kinds[i : i + 3] for i in range(0, 12, 3)]
     assert all(sorted(block) == ["bfcl", "lats", "sharegpt"] for block in blocks)
     assert len({tuple(block) for block in blocks}) > 1
-    assert WORKLOADS == tuple(WORKLOAD_SPECS) == ("sharegpt", "bfcl", "lats", "mixed", "agent")
+    names = ("sharegpt", "bfcl", "lats", "mixed", "agent", "chat")
+    assert WORKLOADS == tuple(WORKLOAD_SPECS) == names
 
 
 def test_a_workload_spec_is_a_generator_or_a_mix_of_them():

@@ -22,7 +22,7 @@ from ..policy import (
 from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..sim.presets import PRESETS
 from ..sim.run import SIM_POLICIES, simulate
-from ..workloads import AGENT_MAX_CONTEXT, WORKLOAD_SPECS, generate, get_workload
+from ..workloads import WORKLOAD_SPECS, generate, get_workload
 from ..workloads.trace_formats import AUTO, TRACE_FORMATS, import_trace
 
 # The units of ``simulate run``'s results, printed after each value.
@@ -122,8 +122,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-context",
         type=_positive(int),
-        help="longest context of a call, for workloads grown to the model's maximum"
-        f" (default: the workload's; agent: {AGENT_MAX_CONTEXT})",
+        help="longest context of a call, for workloads capped at the model's context"
+        " (default: the workload's: "
+        + ", ".join(f"{n} {s.max_context}" for n, s in WORKLOAD_SPECS.items() if s.max_context)
+        + ")",
     )
     p.add_argument(
         "--no-program-end",

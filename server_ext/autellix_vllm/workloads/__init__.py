@@ -4,7 +4,8 @@ One source of programs for everything that replays them: the simulator
 (``autellix simulate``) and the real-engine benchmarks (``autellix bench``).
 Every workload is a :class:`WorkloadSpec` in :data:`WORKLOAD_SPECS`
 (``generators``); its programs come from a family module (``conversations``,
-``tree_search``, ``agent_sessions``) built on the distributions in ``sampling``.
+``tree_search``, ``agent_sessions``, ``chat_logs``) built on the distributions in
+``sampling``.
 """
 
 from .generators import (

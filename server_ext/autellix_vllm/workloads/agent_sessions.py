@@ -24,7 +24,7 @@ import math
 import random
 from statistics import NormalDist
 
-from .sampling import lognormal
+from .sampling import lognormal_median
 from .trace import CallSpec
 
 AGENT_MAX_CONTEXT = 131_072  # Llama-3.1-8B's context length
@@ -44,29 +44,24 @@ GAP_MU = -_Z(0.86) * GAP_SIGMA
 GAP_MAX_S = 300.0
 
 
-def _median(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
-    """A log-normal integer with the given median (``lognormal`` takes the mean)."""
-    return lognormal(rng, median * math.exp(sigma * sigma / 2), sigma, lo, hi)
-
-
 def _gap(rng: random.Random) -> float:
     return min(GAP_MAX_S, rng.lognormvariate(GAP_MU, GAP_SIGMA))
 
 
 def _output(rng: random.Random) -> int:
-    return _median(rng, OUTPUT_MEDIAN, 1.0, 4, 4096)
+    return lognormal_median(rng, OUTPUT_MEDIAN, 1.0, 4, 4096)
 
 
 def _tool_result(rng: random.Random) -> int:
-    return _median(rng, TOOL_RESULT_MEDIAN, 1.1, 20, 16_000)
+    return lognormal_median(rng, TOOL_RESULT_MEDIAN, 1.1, 20, 16_000)
 
 
 def _subagent(
     rng: random.Random, pid: str, thread: str, after: str, max_context: int
 ) -> list[CallSpec]:
     """A subagent: a short session on its own thread and context, started by ``after``."""
-    turns = _median(rng, SUBAGENT_TURNS_MEDIAN, 0.7, 1, 60)
-    context = min(_median(rng, SUBAGENT_SYSTEM_MEDIAN, 0.4, 500, 16_000), max_context // 2)
+    turns = lognormal_median(rng, SUBAGENT_TURNS_MEDIAN, 0.7, 1, 60)
+    context = min(lognormal_median(rng, SUBAGENT_SYSTEM_MEDIAN, 0.4, 500, 16_000), max_context // 2)
     calls: list[CallSpec] = []
     for j in range(turns):
         out = _output(rng)
@@ -88,13 +83,13 @@ def agent(
     rng: random.Random, pid: str, max_context: int = AGENT_MAX_CONTEXT
 ) -> tuple[CallSpec, ...]:
     """One session: its main thread's turns and the subagents it forks."""
-    turns = _median(rng, TURNS_MEDIAN, TURNS_SIGMA, 1, TURNS_MAX)
+    turns = lognormal_median(rng, TURNS_MEDIAN, TURNS_SIGMA, 1, TURNS_MAX)
     forks: dict[int, int] = {}  # main turn -> subagents it starts
     if turns > 1 and rng.random() < SUBAGENT_SHARE:
         # Early turns, where an agent explores and plans, before the context is full.
         for _ in range(rng.choice((1, 1, 1, 2, 2, 3))):
             forks[rng.randrange(min(turns - 1, 30))] = rng.choice((1, 1, 2, 3))
-    context = min(_median(rng, SYSTEM_MEDIAN, 0.3, 2000, 24_000), max_context // 2)
+    context = min(lognormal_median(rng, SYSTEM_MEDIAN, 0.3, 2000, 24_000), max_context // 2)
     calls: list[CallSpec] = []
     after: tuple[str, ...] = ()
     gap = 0.0

@@ -2,18 +2,22 @@
 
 The statistics of the first four follow the paper's Table 2:
 
-=========  ================  ===============  ======================  =================
+=========  ================  ===============  ======================  ==================
 workload   threads           calls/program    prompt (new) / decode   tool gap
-=========  ================  ===============  ======================  =================
+=========  ================  ===============  ======================  ==================
 sharegpt   single            mean 6.66, <=80  256 new/turn / 277      none
 bfcl       single            mean 10.75, <=70 400 system + 60 / 34    exp, 0.5 s
 lats       fork/join tree    mean ~160        350 + path / 72         exp, 0.05 s
 mixed      an equal mix of the three
 agent      main + subagents  median 42 turns  8k system + 1.5k / 230  86% < 1 s, <= 300 s
-=========  ================  ===============  ======================  =================
+chat       single            66% 1, mean 2.5  53 new / 323 (medians)  think, median 30 s
+=========  ================  ===============  ======================  ==================
 
 ``agent`` follows 2026 coding-agent traffic instead (module ``agent_sessions``):
-its contexts grow to the model's maximum.
+its contexts grow to the model's maximum. ``chat`` follows public chat logs
+(LMSYS-Chat-1M, WildChat; module ``chat_logs``): two thirds of its
+conversations have one turn, and users think for seconds to minutes between
+turns.
 
 Calls per program follow a truncated power law (heavy-tailed, as in the paper's
 distributions); token counts are log-normal. A call's prompt is its program's
@@ -25,7 +29,7 @@ only scales the arrival times.
 
 A workload is a :class:`WorkloadSpec` in :data:`WORKLOAD_SPECS`: how one
 program is generated (a function of the family modules ``conversations``,
-``tree_search`` and ``agent_sessions``, or a mix of other workloads) and the
+``tree_search``, ``agent_sessions`` and ``chat_logs``, or a mix of other workloads) and the
 defaults the commands use for it. Adding one there is all a new workload
 needs; the CLIs, the sweep and the benchmarks take their choices and defaults
 from it.
@@ -40,12 +44,14 @@ from dataclasses import dataclass, replace
 
 from ..registry import lookup
 from .agent_sessions import AGENT_MAX_CONTEXT, agent
+from .chat_logs import CHAT_MAX_CONTEXT, chat
 from .conversations import MAX_CONTEXT, bfcl, sharegpt
 from .trace import CallSpec, ProgramSpec
 from .tree_search import lats
 
 __all__ = [
     "AGENT_MAX_CONTEXT",
+    "CHAT_MAX_CONTEXT",
     "MAX_CONTEXT",
     "WORKLOADS",
     "WORKLOAD_SPECS",
@@ -54,6 +60,7 @@ __all__ = [
     "agent",
     "at_rate",
     "bfcl",
+    "chat",
     "generate",
     "get_workload",
     "lats",
@@ -147,6 +154,10 @@ WORKLOAD_SPECS: dict[str, WorkloadSpec] = {
             "agent", "coding-agent sessions: contexts grow to the model's maximum, subagents",
             programs=40, sweep_seconds=6000.0, program=agent, max_context=AGENT_MAX_CONTEXT,
             unloaded_rate=0.001,
+        ),
+        WorkloadSpec(
+            "chat", "chat logs: mostly one-turn conversations, think time between turns",
+            programs=1000, sweep_seconds=300.0, program=chat, max_context=CHAT_MAX_CONTEXT,
         ),
     )
 }  # fmt: skip

@@ -38,3 +38,16 @@ def lognormal(rng: random.Random, mean: float, sigma: float, lo: int, hi: int) -
     """A log-normal integer with the given mean, clipped to ``lo..hi`` (token counts)."""
     mu = math.log(mean) - sigma * sigma / 2
     return int(min(hi, max(lo, round(rng.lognormvariate(mu, sigma)))))
+
+
+def lognormal_median(rng: random.Random, median: float, sigma: float, lo: int, hi: int) -> int:
+    """A log-normal integer with the given median, clipped to ``lo..hi`` (published
+    figures often give a median where :func:`lognormal` takes the mean)."""
+    return lognormal(rng, median * math.exp(sigma * sigma / 2), sigma, lo, hi)
+
+
+def geometric(rng: random.Random, mean: float) -> int:
+    """A geometric count in 0, 1, 2, ... with the given mean: each further one
+    follows with the same chance, ``mean / (1 + mean)``."""
+    go_on = mean / (1 + mean)
+    return int(math.log(1.0 - rng.random()) / math.log(go_on))
