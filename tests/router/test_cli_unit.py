@@ -49,7 +49,8 @@ def test_a_bad_autellix_variable_ends_with_one_line_and_code_2_before_any_engine
     assert result.returncode == 2, result
     assert result.stderr.strip() == (
         "autellix engine: error: AUTELLIX_POLICY='lottery': unknown policy 'lottery'"
-        " (choose from fcfs, mlfq, plas, atlas, plas-atlas, autellix)"
+        " (choose from fcfs, mlfq, plas, atlas, plas-atlas, autellix,"
+        " continuum, thunderagent, mori, lru-priority)"
     )
 
 
