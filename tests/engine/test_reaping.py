@@ -46,9 +46,16 @@ def stand_in(monkeypatch):
 
 
 def server_of(engine: EngineProcess) -> int:
-    """The server's pid: the reaper's only child."""
-    children = Path(f"/proc/{engine.process.pid}/task/{engine.process.pid}/children")
-    return int(wait_until(lambda: children.read_text().split())[0])
+    """The server's pid: the reaper's child that is not its guard (a fork of it)."""
+    reaper_pid = engine.process.pid
+    children = Path(f"/proc/{reaper_pid}/task/{reaper_pid}/children")
+    command = Path(f"/proc/{reaper_pid}/cmdline").read_bytes()
+
+    def server() -> list[int]:
+        pids = [int(pid) for pid in children.read_text().split()]
+        return [pid for pid in pids if Path(f"/proc/{pid}/cmdline").read_bytes() != command]
+
+    return wait_until(server)[0]
 
 
 def test_a_killed_server_takes_its_whole_group_with_it(stand_in):
@@ -56,8 +63,8 @@ def test_a_killed_server_takes_its_whole_group_with_it(stand_in):
     try:
         engine.wait_healthy(timeout_s=30)
         group = engine.process.pid
-        wait_until(  # reaper, server, worker
-            lambda: reaper.group_members(group), lambda members: len(members) == 3
+        wait_until(  # reaper, its guard, server, worker
+            lambda: reaper.group_members(group), lambda members: len(members) == 4
         )
         os.kill(server_of(engine), signal.SIGKILL)
         assert engine.process.wait(timeout=10) == 128 + signal.SIGKILL
@@ -83,13 +90,26 @@ def test_a_sigkilled_launcher_leaves_no_engine_process():
     )
     try:
         group = int(started.stdout.readline())
-        assert len(reaper.group_members(group)) == 3
+        assert len(reaper.group_members(group)) == 4  # reaper, its guard, server, worker
         started.kill()  # SIGKILL: the launcher runs no cleanup at all
         started.wait(timeout=10)
         wait_until_gone(group)
     finally:
         started.kill()
         started.wait()
+
+
+def test_a_sigkilled_reaper_leaves_no_engine_process(stand_in):
+    """As when Ray kills a dead replica's child processes: the reaper first."""
+    engine = EngineProcess(EngineConfig(port=0)).start()
+    try:
+        engine.wait_healthy(timeout_s=30)
+        group = engine.process.pid
+        wait_until(lambda: reaper.group_members(group), lambda members: len(members) == 4)
+        engine.process.kill()
+        wait_until_gone(group)
+    finally:
+        engine.stop()
 
 
 def test_the_reaper_passes_a_signal_for_it_alone_on_to_the_server(stand_in):

@@ -15,6 +15,11 @@ server left them (about 2.5 GB) running under pid 1. So this process:
   started the process ends, and launchers start engines from worker threads;
 * starts the server with a parent-death signal (Linux), so the server dies
   with this process even if this one is killed;
+* forks a guard that kills the whole group if this process is killed before
+  it could (SIGKILL): a launcher's own cleanup may kill its direct children
+  first (Ray kills a replica's child processes when the replica's worker
+  exits), and vLLM's engine core and worker have no parent-death signal, so
+  they would outlive the server under pid 1;
 * passes SIGTERM, SIGINT and SIGHUP sent to it alone on to the server (a
   signal to the whole group reaches the server anyway; a second SIGTERM to
   vLLM's server is harmless).
@@ -48,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     group = os.getpgrp()
     server = subprocess.Popen(args.command, preexec_fn=dies_with_parent())
+    start_guard(group)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         server.send_signal(signum)
@@ -63,6 +69,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.killpg(group, signal.SIGKILL)
     kill_group_but_this_process(group)
     return code if code >= 0 else 128 - code
+
+
+def start_guard(group: int) -> None:
+    """Fork a process that SIGKILLs ``group`` once this one is gone without having
+    done so (it was killed); this process kills the guard with the rest of the
+    group when it ends normally. The guard holds none of this process's output
+    and ignores the signals that ask the server to stop."""
+    reaper = os.getpid()
+    if os.fork() != 0:
+        return
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        while os.getppid() == reaper:
+            time.sleep(POLL_S)
+        os.killpg(group, signal.SIGKILL)
+    finally:
+        os._exit(0)
 
 
 def dies_with_parent() -> Callable[[], None] | None:
