@@ -19,7 +19,7 @@ from autellix_vllm.policy.forks import NewThread, limit_crossed
 from autellix_vllm.protocol.identity import IdentityError, read_identity
 from autellix_vllm.protocol.openai_errors import error_body
 from autellix_vllm.router.keys import owner_of
-from call_paths import BOB_KEY, ENGINE_KEY, LIMITS, CallPath, bearer
+from call_paths import ALICE_KEY, BOB_KEY, ENGINE_KEY, LIMITS, CallPath, bearer
 from polling import eventually
 
 pytestmark = pytest.mark.engine
@@ -110,7 +110,8 @@ async def test_a_clients_prior_service_and_owner_have_no_effect(path: CallPath) 
         assert status == 200, body
         rows = await eventually(lambda: engine_rows(path, program_id), lambda rows: rows)
         assert all(row["attained_service"] < 1000 for row in rows), rows
-        # The program is the caller's, not the owner it named.
+        # The program is the caller's, not the owner it named: on the engines too.
+        assert {row["owner"] for row in rows} == {owner_of(ALICE_KEY)}
         bobs = (await request("GET", path.programs_url, path.bob))[1]["programs"]
         assert program_id not in {row["program_id"] for row in bobs}
     else:
