@@ -106,19 +106,23 @@ def test_the_sweep_cli_takes_the_rate_of_the_tails_and_plots_both_panels(tmp_pat
     assert "--tail-rate: must be positive, got 0" in capsys.readouterr().err
 
 
-def _point(ours, base):
-    """A fixed-rate point's tails: the default's (None: stopped early) and the baseline's."""
-    return {key: {"autellix": ours, "vllm-opt": base} for key in ("p95_program_latency",
-            "p95_first_call_wait")}  # fmt: skip
+def _point(ours, base, peer):
+    """A fixed-rate point's tails: the default's, the baseline's and the best peer's."""
+    return {key: {"autellix": ours, "vllm-opt": base, "mori": peer} for key in (
+            "p95_program_latency", "p95_first_call_wait")}  # fmt: skip
 
 
-def test_the_matrix_tails_table_gives_the_defaults_over_the_baselines():
-    cell = {"setting": "a100-llama8bx1", "workload": "bfcl",
-            "latency": {0.5: _point(2.0, 4.0), 1.5: _point(None, 8.0)}}  # fmt: skip
+def test_the_matrix_tails_table_gives_the_defaults_over_the_baselines_and_best_peers():
+    cell = {"setting": "a100-llama8bx1", "workload": "bfcl", "best_peer": "mori",
+            "latency": {0.5: _point(2.0, 4.0, 2.0), 1.5: _point(8.0, 4.0, 16.0)}}  # fmt: skip
     lines = format_tails([cell]).splitlines()
-    assert lines[0].endswith("P95 program latency / P95 first-call wait")
-    assert lines[1].split()[2:] == ["0.5x", "1.5x"]
-    assert lines[2].split() == ["a100-llama8bx1", "bfcl", "0.50/0.50", "-/-"]
+    assert lines[0].endswith(
+        "P95 program latency / P95 first-call wait over vllm-opt's"
+        " / P95 program latency over the best peer's"
+    )
+    assert lines[1].split()[4:] == ["0.5x", "1.5x"]
+    assert lines[2].split() == ["a100-llama8bx1", "bfcl", "mori", "0.50/0.50/1.00",
+                                "2.00/2.00/0.50"]  # fmt: skip
 
 
 def test_every_simulator_policy_may_be_a_sweep_or_matrix_column():
