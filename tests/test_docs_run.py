@@ -46,6 +46,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " vllm-opt,plas-atlas,autellix --plot docs/img/agent-sessions.png": (PARSE, _SWEEP),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
     " --kv-blocks 96 --json": (PARSE, _ENGINE),
+    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --schedulers fcfs,autellix,thunderagent": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --seed 1 --programs 24 --max-num-seqs 8"
     " --max-model-len 1536 --kv-blocks 64 --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --seed 2 --programs 18 --max-num-seqs 8"
@@ -91,6 +93,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix engine --port 8001 --max-num-seqs 8": (PARSE, _ENGINE),
     "autellix engine --policy plas --beta 4": (PARSE, _ENGINE),
     "autellix engine --scheduler vllm": (PARSE, _ENGINE),
+    "autellix bench engine --model tiny --programs 4 --schedulers vllm,autellix,thunderagent": (
+        PARSE, _ENGINE),
     'autellix engine --api-key "$ENGINE_KEY"': (PARSE, _ENGINE),
     "autellix engine --model /models/llama-3.1-8b -- --max-num-batched-tokens 4096": (PARSE, _GPU),
     ".venv/bin/python -m pytest tests/engine -q": (PARSE, "test suites of their own"),

@@ -1,7 +1,9 @@
-"""The engine benchmark's workload, prompts and replayer (the full FCFS-vs-Autellix
-run is `autellix bench engine`, too slow for the test suite)."""
+"""The engine benchmark's workload, prompts, replayer and result, and one short
+three-way run (stock FCFS, the default, a peer) on the tiny model; the full
+comparison is `autellix bench engine`, too slow for the test suite."""
 
 import json
+import re
 
 import aiohttp
 import pytest
@@ -12,8 +14,11 @@ from autellix_vllm.bench.replay import (
     PromptVocabulary,
     build_workload,
     call_requests,
+    engine_config,
+    format_engine_bench,
     plot_engine_bench,
     prompts,
+    ratios,
     replay,
     scaled_levels,
     spread,
@@ -21,6 +26,7 @@ from autellix_vllm.bench.replay import (
 )
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
+from autellix_vllm.cli import main
 from autellix_vllm.engine.tiny_model import SPECIAL_TOKENS
 from autellix_vllm.protocol.paths import (
     CHAT_COMPLETIONS_PATH,
@@ -210,20 +216,76 @@ def test_a_programs_first_calls_are_streamed_to_time_its_first_token():
         assert requests["p1"].body["stream_options"] == {"include_usage": True}
 
 
-def test_the_engine_bench_plot_has_the_averages_beside_the_latency_cdf(tmp_path):
-    def run(scheduler, slower):
-        results = [ProgramResult(f"p{i}", 1, 10, (i + 1) * slower) for i in range(8)]
-        return {"scheduler": scheduler, **summarize(results, wall_s=10.0)}
+def bench_result(*runs: tuple[str, str | None, float]) -> dict:
+    """A result of run_engine_bench's shape: one run per (entry, policy, slowdown),
+    8 programs each, the first the baseline."""
 
-    result = {"settings": {"programs": 8, "workload": "mixed", "model": "tiny"},
-              "baseline": run("fcfs", 2.0), "candidate": run("autellix", 1.0)}  # fmt: skip
+    def summary(entry, policy, slower):
+        results = [
+            ProgramResult(f"p{i}", 1, 10, (i + 1) * slower, first_call_wait_s=slower)
+            for i in range(8)
+        ]
+        return {"entry": entry, "policy": policy, **summarize(results, wall_s=10.0)}
+
+    baseline, *candidates = (summary(*run) for run in runs)
+    settings = {"programs": 8, "workload": "mixed", "model": "tiny", "max_num_seqs": 4,
+                "identity": "sent", "side_by_side": False, "probe_tokens_per_s": 60.0}  # fmt: skip
+    return {
+        "settings": settings,
+        "baseline": baseline,
+        "candidates": [{**c, "ratios": ratios(baseline, c)} for c in candidates],
+    }
+
+
+def test_the_engine_bench_plot_has_the_averages_beside_the_latency_cdf(tmp_path):
+    result = bench_result(("fcfs", None, 2.0), ("autellix", "autellix", 1.0),
+                          ("thunderagent", "thunderagent", 1.5))  # fmt: skip
     figure = plot_engine_bench(result, str(tmp_path / "bench.png"))
     assert len(figure.axes) == 2
     bars, cdf = figure.axes
     assert [t.get_text() for t in bars.get_xticklabels()] == ["average", "P95", "P99"]
+    assert len(bars.patches) == 3 * 3  # three bars for each of the three runs
     labels = [line.get_label() for line in cdf.get_lines()]
-    assert labels == ["baseline: fcfs", "candidate: autellix"]
+    assert labels == ["baseline: fcfs", "autellix", "thunderagent"]
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_each_candidate_is_compared_with_the_baseline_in_the_table():
+    result = bench_result(("vllm", None, 2.0), ("autellix", "autellix", 1.0),
+                          ("autellix", "autellix", 4.0))  # fmt: skip
+    faster, slower = (c["ratios"] for c in result["candidates"])
+    assert faster["avg_latency_per_token_s"] == pytest.approx(2.0)
+    assert faster["p95_program_latency_s"] == faster["avg_first_call_wait_s"] == 2.0
+    assert slower["p99_latency_per_token_s"] == pytest.approx(0.5)
+    lines = format_engine_bench(result).splitlines()
+    assert lines[0] == (
+        "8 programs of mixed on tiny, 4 seats, identity sent, one after another; probe 60 tokens/s"
+    )
+    header, *rows = (re.split(r"\s{2,}", line) for line in lines[2:])
+    assert header[:3] == ["RUN", "POLICY", "AVG/TOKEN"] and "P95 FIRST WAIT" in header
+    # The baseline without ratios; a repeated entry is numbered.
+    assert [row[0] for row in rows] == ["baseline: vllm", "autellix", "autellix #3"]
+    assert "(" not in lines[3] and "(2.00x)" in lines[4] and "(0.50x)" in lines[5]
+
+
+def test_an_entry_is_a_scheduler_or_a_policy_the_autellix_scheduler_runs():
+    settings = BenchSettings(policy="mori", schedulers=("fcfs", "autellix", "thunderagent"))
+    configs = [engine_config(entry, settings, engines_on_host=3) for entry in settings.schedulers]
+    assert [(c.scheduler, c.policy) for c in configs] == [
+        ("fcfs", None), ("autellix", "mori"), ("autellix", "thunderagent")]  # fmt: skip
+    assert {c.engines_on_host for c in configs} == {3}  # side by side: the cores split three ways
+    with pytest.raises(ValueError, match="unknown scheduler or policy 'thunder'"):
+        BenchSettings(schedulers=("fcfs", "thunder"))
+    with pytest.raises(ValueError, match="two or more"):
+        BenchSettings(schedulers=("autellix",))
+
+
+@pytest.mark.parametrize("schedulers", ["vllm,thunder", "autellix", "vllm,,autellix"])
+def test_a_bad_bench_entry_is_one_line_and_exit_code_2(schedulers, capsys):
+    assert main(["bench", "engine", "--model", "tiny", "--schedulers", schedulers]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("autellix bench engine: error: ")
 
 
 def test_summary_lists_each_calls_sent_and_answered_times():
@@ -290,3 +352,28 @@ async def test_derived_identity_groups_each_conversation_into_one_router_program
     # p's main conversation, its subagent's and q's: three programs, every call in one.
     assert sorted(row["calls_completed"] for row in rows) == [2, 2, 3]
     assert all(row["calls_failed"] == 0 for row in rows)
+
+
+@pytest.mark.engine
+def test_a_three_way_bench_reports_each_candidate_against_stock_fcfs(capsys):
+    """Stock vLLM, the default and a peer, one engine after another on the tiny
+    model (about four minutes on a loaded 2-core machine)."""
+    code = main(["bench", "engine", "--model", "tiny", "--programs", "3", "--json",
+                 "--schedulers", "vllm,autellix,thunderagent"])  # fmt: skip
+    out, _ = capsys.readouterr()
+    assert code == 0
+    result = json.loads(out)
+    assert result["settings"]["schedulers"] == ["vllm", "autellix", "thunderagent"]
+    baseline, candidates = result["baseline"], result["candidates"]
+    assert (baseline["entry"], baseline["scheduler"], baseline["policy"]) == ("vllm", "vllm", None)
+    assert "ratios" not in baseline and baseline["programs"] == 3
+    runs = [(c["entry"], c["scheduler"], c["policy"]) for c in candidates]
+    assert runs == [("autellix", "autellix", "autellix"),
+                    ("thunderagent", "autellix", "thunderagent")]  # fmt: skip
+    for candidate in candidates:
+        assert candidate["programs"] == 3
+        assert candidate["decode_tokens"] == baseline["decode_tokens"]
+        for key, ratio in candidate["ratios"].items():
+            assert ratio == pytest.approx(baseline[key] / candidate[key])
+        assert "promotions" in candidate  # the Autellix scheduler's table, which stock vLLM lacks
+    assert "promotions" not in baseline

@@ -1,14 +1,20 @@
-"""Program latency on a real vLLM engine: stock FCFS vs the Autellix scheduler.
+"""Program latency on a real vLLM engine: stock FCFS, the Autellix scheduler and
+its peers.
 
-The benchmark starts the real engine twice (same model, flags and workload;
-only the scheduler differs) and replays one workload of concurrent multi-call
-programs through the OpenAI completions API: a seeded workload of the
-simulator's, or any JSONL trace in its format (``trace``). By default the engines
-run one after the other, each alone on the machine; ``side_by_side`` runs both
-at once, which shares any background load between them but, on a machine with
-few cores, also lets one engine crowd out the other (on 2 cores stock FCFS
-against itself measured a ratio of 0.2; docs/benchmarks.md). Naming the same
-scheduler twice (``schedulers=("fcfs", "fcfs")``) measures that noise floor.
+The benchmark starts the real engine once per entry of ``schedulers`` (same
+model, flags and workload; only the scheduling differs) and replays one
+workload of concurrent multi-call programs through the OpenAI completions API:
+a seeded workload of the simulator's, or any JSONL trace in its format
+(``trace``). An entry is a scheduler (``vllm`` or ``fcfs``: stock vLLM;
+``autellix``: the Autellix scheduler under ``policy``) or a policy the Autellix
+scheduler runs (a peer such as ``thunderagent``, :func:`entry_engine`). The
+first entry is the baseline; every other one is a candidate, compared with it.
+By default the engines run one after the other, each alone on the machine;
+``side_by_side`` runs them all at once, which shares any background load
+between them but, on a machine with few cores, also lets one engine crowd out
+another (on 2 cores stock FCFS against itself measured a ratio of 0.2;
+docs/benchmarks.md). Naming the same entry twice (``schedulers=("fcfs",
+"fcfs")``) measures that noise floor.
 
 * the programs come from the simulator's workloads (:mod:`autellix_vllm.workloads`:
   heavy-tailed calls per program, log-normal lengths, Poisson arrivals), with
@@ -43,14 +49,17 @@ The metric is the paper's: program latency per token = program wall time
 programs and at the 95th percentile. Beside it, what the average hides
 (:func:`~autellix_vllm.stats.tails`): the P95 and P99 program latency and the
 first-call wait, from a program's first call to its first token (average and
-P95). Each run also reports vLLM's own counts of preemptions and prefix-cache
-hits over the replay (``vllm``), the same for both schedulers.
+P95). Each candidate's ``ratios`` are the baseline's value of each of these over
+its own (> 1: the candidate is faster). Each run also reports vLLM's own counts
+of preemptions and prefix-cache hits over the replay (``vllm``), the same for
+every scheduler.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
@@ -64,8 +73,15 @@ import aiohttp
 from autellix_vllm.bench import IDENTITIES
 from autellix_vllm.bench.subprocesses import ROUTER_READY, router_command, running
 from autellix_vllm.bench.vllm_counters import counted_between, read_counters
-from autellix_vllm.engine.launcher import EngineConfig, EngineProcess, start_all, stop_all
+from autellix_vllm.engine.launcher import (
+    SCHEDULERS,
+    EngineConfig,
+    EngineProcess,
+    start_all,
+    stop_all,
+)
 from autellix_vllm.engine.models import resolve_model
+from autellix_vllm.engine.settings import ENGINE_POLICY_NAMES, SchedulerSettings
 from autellix_vllm.plots import draw_latency_cdf, save_panels
 from autellix_vllm.policy import PolicyConfig
 from autellix_vllm.protocol.identity import (
@@ -80,7 +96,9 @@ from autellix_vllm.protocol.paths import (
     ENGINE_PROGRAM_PATH,
     ENGINE_TABLE_PATH,
 )
+from autellix_vllm.registry import unknown
 from autellix_vllm.router.admin_client import fetch_table
+from autellix_vllm.sim.sweep import text_table
 from autellix_vllm.stats import percentile, tails
 from autellix_vllm.workloads import at_rate, generate, get_workload, load_trace
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
@@ -91,6 +109,24 @@ PROMPT_HEADROOM = 8  # tokens kept free below max_model_len
 # messages leave them out of its text, so its templated prompt stays near the
 # workload's ``prompt_tokens`` and within the context.
 MESSAGE_TEMPLATE_TOKENS = 5
+# What an entry of BenchSettings.schedulers may name: a scheduler, or a policy
+# the Autellix scheduler runs (a scheduler's name wins: fcfs is stock vLLM).
+ENTRY_NAMES = tuple(dict.fromkeys((*SCHEDULERS, *ENGINE_POLICY_NAMES)))
+
+
+def entry_engine(entry: str, policy: str | None = None) -> tuple[str, str | None]:
+    """The scheduler and policy an entry of :attr:`BenchSettings.schedulers` names.
+
+    A scheduler of :data:`~autellix_vllm.engine.launcher.SCHEDULERS` runs as
+    ``autellix engine --scheduler`` does, ``autellix`` under ``policy`` (None:
+    the engine's default); any other policy an engine can run (a peer such as
+    ``thunderagent``) runs on the Autellix scheduler. ValueError for other names.
+    """
+    if entry in SCHEDULERS:
+        return entry, policy if entry == "autellix" else None
+    if entry in ENGINE_POLICY_NAMES:
+        return "autellix", entry
+    raise ValueError(unknown("scheduler or policy", entry, ENTRY_NAMES))
 
 
 @dataclass(frozen=True)
@@ -124,7 +160,9 @@ class BenchSettings:
     # The policy of the autellix scheduler (None: the engine's default).
     policy: str | None = None
     call_timeout_s: float = 1800.0
-    schedulers: tuple[str, str] = ("fcfs", "autellix")  # baseline, candidate
+    # What is compared: names of ENTRY_NAMES (entry_engine), the baseline first,
+    # then each candidate.
+    schedulers: tuple[str, ...] = ("fcfs", "autellix")
     side_by_side: bool = False
     # "sent": the SDK's headers, straight to the engine; "derived": plain chat
     # conversations through a router, which derives each program (see the module).
@@ -133,6 +171,13 @@ class BenchSettings:
     def __post_init__(self) -> None:
         if self.identity not in IDENTITIES:
             raise ValueError(f"identity must be one of {', '.join(IDENTITIES)}: {self.identity!r}")
+        if len(self.schedulers) < 2:
+            raise ValueError(
+                "the bench compares two or more schedulers or policies, the baseline first"
+                f" (e.g. fcfs,autellix,thunderagent), not {','.join(self.schedulers)!r}"
+            )
+        for entry in self.schedulers:
+            entry_engine(entry)  # a bad name is refused before any engine starts
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
@@ -627,13 +672,15 @@ def scaled_levels(settings: BenchSettings) -> str:
     return ",".join(f"{b * settings.token_scale:g}" for b in bounds)
 
 
-def engine_config(scheduler: str, settings: BenchSettings, engines_on_host: int) -> EngineConfig:
+def engine_config(entry: str, settings: BenchSettings, engines_on_host: int) -> EngineConfig:
+    """The engine that runs ``entry`` (:func:`entry_engine`) on ``settings``."""
+    scheduler, policy = entry_engine(entry, settings.policy)
     kv = settings.kv_blocks
     return EngineConfig(
         model=settings.model,
         port=0,
         scheduler=scheduler,
-        policy=settings.policy if scheduler == "autellix" else None,
+        policy=policy,
         max_num_seqs=settings.max_num_seqs,
         max_model_len=settings.max_model_len,
         extra_env={"AUTELLIX_LEVELS": scaled_levels(settings)},
@@ -644,20 +691,33 @@ def engine_config(scheduler: str, settings: BenchSettings, engines_on_host: int)
 
 @dataclass
 class EngineRun:
-    """One scheduler's replay of the workload: its summary and each program's result."""
+    """One entry's replay of the workload: its summary and each program's result."""
 
     summary: dict[str, Any]
     results: list[ProgramResult]
 
 
+def _policy_run(config: EngineConfig) -> str | None:
+    """The policy an engine runs: its config's, else the one its environment sets
+    or the default (the engine inherits this process's); None for stock vLLM."""
+    if not config.runs_autellix:
+        return None
+    return config.policy or SchedulerSettings.from_env(os.environ).policy
+
+
 async def _measure(
+    entry: str,
     engine: EngineProcess,
     programs: list[ProgramSpec],
     settings: BenchSettings,
     vocabulary: PromptVocabulary,
 ) -> EngineRun:
     counters_before = await asyncio.to_thread(read_counters, [engine.base_url])
-    summary: dict[str, Any] = {"scheduler": engine.config.scheduler}
+    summary: dict[str, Any] = {
+        "entry": entry,
+        "scheduler": engine.config.scheduler,
+        "policy": _policy_run(engine.config),
+    }
     if settings.identity == "derived":
         # Derived: through a router that names the programs; nobody ends them.
         words = await asyncio.to_thread(ChatWords.of_model, engine.model.path)
@@ -694,24 +754,75 @@ async def _measure(
 
 
 def run_engine_bench(settings: BenchSettings) -> dict[str, Any]:
-    """Baseline then candidate scheduler on the same workload and arrivals.
+    """Every entry of ``settings.schedulers`` on the same workload and arrivals:
+    the baseline's summary, and each candidate's with its ``ratios``.
 
-    Ratios > 1: the candidate is faster. A short saturating probe of the first
-    engine (of both, side by side) measures the decode speed, which sets the
-    arrival window of a generated workload (unless ``settings.rate`` is set).
+    A short saturating probe of the first engine (of all, side by side) measures
+    the decode speed, which sets the arrival window of a generated workload
+    (unless ``settings.rate`` is set).
     """
-    speed, programs, (baseline, candidate) = run_schedulers(settings)
+    speed, programs, (baseline, *candidates) = run_schedulers(settings)
     return {
         "settings": settings_summary(settings, speed, programs),
         "baseline": baseline.summary,
-        "candidate": candidate.summary,
-        "avg_ratio": _ratio(baseline, candidate, "avg_latency_per_token_s"),
-        "p95_ratio": _ratio(baseline, candidate, "p95_latency_per_token_s"),
+        "candidates": [
+            {**run.summary, "ratios": ratios(baseline.summary, run.summary)} for run in candidates
+        ],
     }
 
 
-def _ratio(baseline: EngineRun, candidate: EngineRun, key: str) -> float:
-    return baseline.summary[key] / candidate.summary[key]
+# What a candidate is compared with the baseline on, in seconds (a summary's key
+# and its heading in the text table): latency per token, then what its average hides.
+COMPARED = (
+    ("avg_latency_per_token_s", "AVG/TOKEN"),
+    ("p95_latency_per_token_s", "P95/TOKEN"),
+    ("p99_latency_per_token_s", "P99/TOKEN"),
+    ("p95_program_latency_s", "P95 PROGRAM"),
+    ("p99_program_latency_s", "P99 PROGRAM"),
+    ("avg_first_call_wait_s", "AVG FIRST WAIT"),
+    ("p95_first_call_wait_s", "P95 FIRST WAIT"),
+)
+
+
+def ratios(baseline: dict[str, Any], candidate: dict[str, Any]) -> dict[str, float | None]:
+    """The baseline's value of each :data:`COMPARED` key over the candidate's: > 1,
+    the candidate is faster (None where the candidate's is 0)."""
+    return {key: baseline[key] / candidate[key] if candidate[key] else None for key, _ in COMPARED}
+
+
+def run_labels(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """:func:`run_engine_bench`'s runs by the name the table and the plot give them:
+    its entry, the baseline's marked, a repeated entry numbered."""
+    runs: dict[str, dict[str, Any]] = {}
+    for position, run in enumerate([result["baseline"], *result["candidates"]], start=1):
+        label = f"baseline: {run['entry']}" if position == 1 else run["entry"]
+        runs[f"{label} #{position}" if label in runs else label] = run
+    return runs
+
+
+def format_engine_bench(result: dict[str, Any]) -> str:
+    """:func:`run_engine_bench`'s result for a terminal: what ran, then one row per
+    entry, each candidate's value followed by its ratio to the baseline's."""
+    settings = result["settings"]
+    lines = [
+        f"{settings['programs']} programs of {settings['workload']} on {settings['model']},"
+        f" {settings['max_num_seqs']} seats, identity {settings['identity']},"
+        f" {'side by side' if settings['side_by_side'] else 'one after another'};"
+        f" probe {settings['probe_tokens_per_s']:g} tokens/s",
+        "seconds (per token: s/token); (x): the baseline's over this run's, > 1: faster",
+    ]
+    rows = [("RUN", "POLICY", *(heading for _, heading in COMPARED), "MAKESPAN")]
+    for label, run in run_labels(result).items():
+        compared = run.get("ratios", {})
+        cells = []
+        for key, _ in COMPARED:
+            ratio = compared.get(key)
+            cells.append(f"{run[key]:.4g}" + ("" if ratio is None else f" ({ratio:.2f}x)"))
+        rows.append((label, run["policy"] or "-", *cells, f"{run['makespan_s']:.4g}"))
+    lines += text_table(rows)
+    if "plot" in result:
+        lines.append(f"plot: {result['plot']}")
+    return "\n".join(lines)
 
 
 # The left panel's bars: a summary's key and its label.
@@ -723,12 +834,10 @@ AVERAGE_BARS = (
 
 
 def plot_engine_bench(result: dict[str, Any], path: str) -> Any:
-    """Two panels of :func:`run_engine_bench`'s result: each scheduler's program
-    latency per token (average, P95, P99), and each one's program latency CDF.
-    Writes ``path`` (PNG) and returns the matplotlib figure."""
-    runs = {
-        f"{role}: {result[role]['scheduler']}": result[role] for role in ("baseline", "candidate")
-    }
+    """Two panels of :func:`run_engine_bench`'s result: each run's program latency
+    per token (average, P95, P99), and each one's program latency CDF. Writes
+    ``path`` (PNG) and returns the matplotlib figure."""
+    runs = run_labels(result)
     latencies = {
         label: list(run["program_latency_s_by_program"].values()) for label, run in runs.items()
     }
@@ -777,7 +886,7 @@ Outcome = tuple[float, list[ProgramSpec], list[EngineRun]]
 
 
 def run_schedulers(settings: BenchSettings) -> Outcome:
-    """Replay the workload once per scheduler of ``settings.schedulers``: the probed
+    """Replay the workload once per entry of ``settings.schedulers``: the probed
     decode speed, the programs as replayed (arrivals set) and each run."""
     programs = build_workload(settings)
     run = _side_by_side if settings.side_by_side else _one_after_another
@@ -797,27 +906,32 @@ def _one_after_another(programs: list[ProgramSpec], settings: BenchSettings) -> 
     engine's probe sets the arrivals."""
     runs: list[EngineRun] = []
     speed = 0.0
-    for scheduler in settings.schedulers:
-        with EngineProcess(engine_config(scheduler, settings, engines_on_host=1)) as engine:
+    for entry in settings.schedulers:
+        with EngineProcess(engine_config(entry, settings, engines_on_host=1)) as engine:
             vocabulary = PromptVocabulary.of_model(engine.model.path)
             probed = asyncio.run(probe_speed(engine, settings, vocabulary))
             if not runs:
                 speed = probed
                 programs = _arrivals(programs, settings, speed)
-            runs.append(asyncio.run(_measure(engine, programs, settings, vocabulary)))
+            runs.append(asyncio.run(_measure(entry, engine, programs, settings, vocabulary)))
     return speed, programs, runs
 
 
 def _side_by_side(programs: list[ProgramSpec], settings: BenchSettings) -> Outcome:
-    """Both engines at once, the workload replayed against both together."""
-    configs = [engine_config(name, settings, engines_on_host=2) for name in settings.schedulers]
+    """Every engine at once, sharing the cores, the workload replayed against all
+    of them together; the slowest probe sets the arrivals."""
+    entries = settings.schedulers
+    configs = [engine_config(entry, settings, engines_on_host=len(entries)) for entry in entries]
     engines = start_all(configs)
     try:
         vocabulary = PromptVocabulary.of_model(engines[0].model.path)
         probes = [probe_speed(e, settings, vocabulary) for e in engines]
         speed = min(asyncio.run(gather_all(*probes)))
         programs = _arrivals(programs, settings, speed)
-        measures = [_measure(e, programs, settings, vocabulary) for e in engines]
+        measures = [
+            _measure(entry, engine, programs, settings, vocabulary)
+            for entry, engine in zip(entries, engines, strict=True)
+        ]
         runs = asyncio.run(gather_all(*measures))
     finally:
         stop_all(engines)

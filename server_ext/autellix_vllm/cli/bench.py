@@ -1,6 +1,6 @@
 """``autellix bench``: measure the engine extension.
 
-autellix bench engine --quick --json    # program latency: stock FCFS vs Autellix
+autellix bench engine --quick --json    # program latency: stock FCFS vs Autellix (and peers)
 autellix bench fidelity --quick --json  # the simulator against the engine, same trace
 autellix bench scheduler --json         # per-step overhead of the scheduler
 autellix bench router --json            # round-robin vs locality on 2 real engines
@@ -27,6 +27,8 @@ from autellix_vllm.policy import DEFAULT_POLICY
 from autellix_vllm.workloads import WORKLOAD_SPECS
 
 FIDELITY_QUICK_PROGRAMS = 8
+# The policies an entry of `bench engine --schedulers` can name besides the schedulers.
+POLICY_ENTRIES = tuple(name for name in ENGINE_POLICY_NAMES if name not in SCHEDULERS)
 MODEL_HELP = f"{' or '.join(MODELS)} (built in), or a local model folder (default: %(default)s)"
 
 
@@ -35,20 +37,21 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
 
     engine = benches.add_parser(
-        "engine", help="program latency per token on real engines: stock FCFS vs Autellix"
+        "engine",
+        help="program latency per token on real engines: stock FCFS, Autellix, its peers",
     )
     _add_workload_arguments(engine)
     engine.add_argument(
-        "--schedulers",
-        "--scheduler",
-        default="fcfs,autellix",
-        help=f"baseline,candidate ({', '.join(SCHEDULERS)}: as engine --scheduler);"
-        " the same twice measures the noise floor",
-    )
+        "--schedulers", "--scheduler", default="fcfs,autellix", metavar="BASELINE,CANDIDATE,...",
+        help="what to compare, the baseline first, each other entry against it: a scheduler"
+        f" ({', '.join(SCHEDULERS)}: as engine --scheduler; autellix runs --policy) or a policy"
+        f" the autellix scheduler runs ({', '.join(POLICY_ENTRIES)}); the same entry twice measures"
+        " the noise floor (default: %(default)s)",
+    )  # fmt: skip
     engine.add_argument(
         "--side-by-side",
         action="store_true",
-        help="run both engines at once (shares background load; crowded on few cores)",
+        help="run every engine at once (shares background load; crowded on few cores)",
     )
     engine.add_argument(
         "--identity", default="sent", choices=IDENTITIES,
@@ -60,7 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
     )  # fmt: skip
     engine.add_argument(
         "--plot", metavar="PNG",
-        help="write two panels to this PNG: each scheduler's program latency per token"
+        help="write two panels to this PNG: each entry's program latency per token"
         " (average, P95, P99) and its program latency CDF (default: none)",
     )  # fmt: skip
     engine.add_argument("--json", action="store_true", help="print only the JSON result")
@@ -151,7 +154,10 @@ def _bench_settings(args: argparse.Namespace, **overrides: Any) -> Any:
             if value <= 0:
                 raise UsageError(f"--{option.replace('_', '-')} must be positive")
             overrides[option] = value
-    settings = (BenchSettings.quick if args.quick else BenchSettings)(**overrides)
+    try:
+        settings = (BenchSettings.quick if args.quick else BenchSettings)(**overrides)
+    except ValueError as error:  # e.g. an unknown entry of --schedulers
+        raise UsageError(str(error)) from None
     if settings.trace is not None:
         from autellix_vllm.bench.replay import build_workload
         from autellix_vllm.workloads import TraceError
@@ -174,11 +180,9 @@ def _describe(name: str, settings: Any) -> str:
 
 
 def _run_engine(args: argparse.Namespace) -> int:
-    from autellix_vllm.bench.replay import plot_engine_bench, run_engine_bench
+    from autellix_vllm.bench.replay import format_engine_bench, plot_engine_bench, run_engine_bench
 
-    schedulers = tuple(args.schedulers.split(","))
-    if len(schedulers) != 2 or not set(schedulers) <= set(SCHEDULERS):
-        raise UsageError(f"--schedulers takes two of {', '.join(SCHEDULERS)}, e.g. vllm,autellix")
+    schedulers = tuple(entry.strip() for entry in args.schedulers.split(","))
     settings = _bench_settings(
         args, schedulers=schedulers, side_by_side=args.side_by_side, identity=args.identity
     )
@@ -189,7 +193,10 @@ def _run_engine(args: argparse.Namespace) -> int:
     if args.plot:
         plot_engine_bench(result, args.plot)
         result["plot"] = args.plot
-    print_result(result, args.json)
+    if args.json:
+        print_result(result, as_json=True)
+    else:
+        print(format_engine_bench(result))
     return 0
 
 

@@ -285,7 +285,7 @@ TAIL_COLUMNS = (
 )
 
 
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+def text_table(rows: Sequence[Sequence[str]]) -> list[str]:
     """Rows as left-aligned columns."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
@@ -310,7 +310,7 @@ def format_sweep(result: dict[str, Any]) -> str:
     for key, rate in result["max_rate"].items():
         at_least = ">= " if key in result["censored"] else ""
         rows.append((key, f"{at_least}{rate:.2f}", f"{result['ratio'][key]:.2f}x"))
-    lines += _table(rows)
+    lines += text_table(rows)
     if result["censored"]:
         lines.append(">=: still within the SLO at the search limit")
     lines += _format_tails(result["tails"])
@@ -327,7 +327,7 @@ def _format_tails(tails: dict[str, Any] | None) -> list[str]:
     for key, metrics in tails["by_policy"].items():
         rows.append((key, *(f"{metrics[metric]:.4g}" for metric, _ in TAIL_COLUMNS)))
     header = f"each policy in full at {tails['rate']:.3g} programs/s (seconds; AVG/TOKEN: s/token):"
-    return ["", header, *_table(rows)]
+    return ["", header, *text_table(rows)]
 
 
 def plot(result: dict[str, Any], curves: list[Curve], title: str, path: str) -> Any:
