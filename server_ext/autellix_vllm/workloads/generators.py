@@ -10,7 +10,7 @@ bfcl       single            mean 10.75, <=70 400 system + 60 / 34    exp, 0.5 s
 lats       fork/join tree    mean ~160        350 + path / 72         exp, 0.05 s
 mixed      an equal mix of the three
 agent      main + subagents  median 42 turns  8k system + 1.5k / 230  86% < 1 s, <= 300 s
-chat       single            66% 1, mean 2.5  53 new / 323 (medians)  think, median 30 s
+chat       single            66% 1, mean 2.15 53 new / 323 (medians)  think, median 30 s
 =========  ================  ===============  ======================  ==================
 
 ``agent`` follows 2026 coding-agent traffic instead (module ``agent_sessions``):
