@@ -73,6 +73,10 @@ def test_a_cell_that_beats_the_baseline_and_the_peers_meets_both_verdicts():
     # No queueing at a low rate: a first-call wait of 0 against 0 is even.
     idle = _point(first_call={"vllm-opt": 0.0, "autellix": 0.0, "continuum": 0.0})
     assert target_misses(_cell(RATES, {0.5: idle})) == []
+    # So are two tails that differ in the rounding of summed times only.
+    rounded = _point(program={"vllm-opt": 44.21491626801646, "autellix": 44.21491626801646,
+                              "continuum": 44.21491626801645})  # fmt: skip
+    assert target_misses(_cell(RATES, {0.5: rounded})) == []
 
 
 def test_never_lose_names_each_miss():
@@ -107,15 +111,15 @@ def test_the_targets_name_each_tail_the_default_lost_at_each_rate():
         1.5: _point(first_call={"vllm-opt": 0.0, "autellix": 0.2}),
     }
     assert target_misses(_cell(RATES, points)) == [
-        "program P95 at 0.5x 1.11x continuum's",
-        "program P95 at 1x 1.10x vllm-opt's",
+        "program P95 at 0.5x 1.111x continuum's",
+        "program P95 at 1x 1.100x vllm-opt's",
         "first-call P95 at 1.5x infx vllm-opt's",
     ]
     # Without a peer among the policies, only the baseline's tails are judged.
     alone = _cell({"vllm-opt": 1.0, "autellix": 1.5}, points)
     assert alone["best_peer"] is None
     assert target_misses(alone) == [
-        "program P95 at 1x 1.10x vllm-opt's",
+        "program P95 at 1x 1.100x vllm-opt's",
         "first-call P95 at 1.5x infx vllm-opt's",
     ]
 
@@ -133,7 +137,7 @@ def test_a_row_gives_both_verdicts_and_the_tails_table_the_best_peers_tail():
     cell = _judged({**RATES, "autellix": 1.3}, points, "agent")
     assert format_row(cell, ["vllm-opt", "autellix", "continuum"]).endswith(
         "never lose: met | targets: MISS: rate vs best peer continuum 1.08x < 1.2x;"
-        " program P95 at 1x 1.25x continuum's"
+        " program P95 at 1x 1.250x continuum's"
     )
     lines = format_tails([cell]).splitlines()
     assert lines[1].split() == ["SETTING", "WORKLOAD", "BEST", "PEER", "1x"]
