@@ -177,3 +177,17 @@ def test_a_waiting_context_never_expires():
     r.hold("a", program("a"), 10, now=0.0)
     r.waiting("a", "a", 10)
     assert r.expired(1e12) == [] and "a" in r
+
+
+def test_only_a_new_programs_first_call_is_overdue_past_the_bound():
+    core = ProgramScheduler(Autellix(), PolicyConfig())
+    r = Residency(ResidencyConfig(first_call_bound_s=5.0), 100, level_of=lambda p: 0)
+    first = core.add_call(CallIdentity("new", call_id="1"), now_s=10.0)
+    assert not r.overdue(first, now=14.9) and r.overdue(first, now=15.0)
+    core.enqueue(first)
+    core.start(core.peek())
+    core.finish(first, now_s=16.0)
+    second = core.add_call(CallIdentity("new", call_id="2"), now_s=20.0)
+    assert not r.overdue(second, now=1e6)  # its program is no longer new
+    # By default a first call never waits behind a worse-ranked hold.
+    assert ResidencyConfig().first_call_bound_s == 0.0

@@ -45,3 +45,18 @@ def test_mori_demotes_idle_contexts_to_the_host_tier_instead_of_recomputing_them
     mori = simulate(agents, "mori", **with_tier).metrics
     assert mori["reloaded_tokens"] > 0
     assert mori["calls_completed"] == mori["calls"]
+
+
+def test_a_hold_never_keeps_a_new_programs_first_call_out(agents):
+    """The default's first-call bound: near its highest rate on agent sessions, new
+    programs' first calls no longer wait for worse-ranked holds to expire."""
+    import math
+
+    from autellix_vllm.policy import PolicyConfig
+    from autellix_vllm.policy.config import ResidencyConfig
+
+    busy = generate("agent", 24, 0.0125, seed=3)
+    unbounded = PolicyConfig(residency=ResidencyConfig(first_call_bound_s=math.inf))
+    before = simulate(busy, "autellix", config=unbounded, **AGENTS).metrics
+    after = simulate(busy, "autellix", **AGENTS).metrics
+    assert after["p95_first_call_wait"] < 0.5 * before["p95_first_call_wait"]

@@ -172,7 +172,7 @@ class EngineResidency:
             return True
         if self._fits(need):
             return True
-        if not self._running or call.promotions:
+        if not self._running or call.promotions or self.rules.overdue(call, time.time()):
             self._break(-1 if not self._running else call.level, need)
             return self._fits(need)
         free = adapter.free_kv_blocks(self.scheduler)

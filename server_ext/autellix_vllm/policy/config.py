@@ -223,6 +223,11 @@ class ResidencyConfig:
     # fair share of the hold budget (policy.residency). False: holds are shared by
     # rank alone, whoever runs the programs (for comparison).
     fair_share: bool = True
+    # A new program's first call outside the working set that has waited this long
+    # may break holds of programs in worse levels, as a starving call may: a hold
+    # never keeps a new program out longer (inf: only the working set decides).
+    # 0 was chosen on agent sessions, seeds 0-4 (docs/scheduling.md, "KV residency").
+    first_call_bound_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.hold_share <= 1 or not 0 <= self.headroom < 1:
@@ -234,6 +239,8 @@ class ResidencyConfig:
             raise ValueError(message)
         if not 0 <= self.min_ttl_s <= self.max_ttl_s:
             raise ValueError("need 0 <= min_ttl_s <= max_ttl_s")
+        if not self.first_call_bound_s >= 0:
+            raise ValueError("first_call_bound_s must be >= 0")
 
     def expected_gap_s(self, program: ToolGaps) -> float:
         """The program's mean tool gap, pulled towards the prior while it has few."""

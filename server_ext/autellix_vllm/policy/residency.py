@@ -20,8 +20,9 @@ working set keeps processes within memory:
   free or cached but not held, minus a headroom for the resident contexts'
   growth.
   Otherwise it waits, and calls behind it may go first; it does not evict held
-  contexts. A call that anti-starvation promoted may break holds of programs in
-  worse levels: every wait stays bounded.
+  contexts. A call that anti-starvation promoted, and a new program's first call
+  (``ResidencyConfig.first_call_bound_s``), may break holds of programs in worse
+  levels: every wait stays bounded, and a hold never keeps a new program out.
 * **Fair share.** Retention hints come from clients, so a client could claim
   the longest hold for every program it runs. What a hint buys is the part of
   a hold past the engine's own estimate, and that part is shared among owners
@@ -266,11 +267,12 @@ class Residency:
                 room += victim.blocks
                 self.break_hold(victim.context)
                 ended.append(victim.context)
-        own_until = now + self.retention.ttl_s(self, program, blocks, None)
-        until = now + self.retention.ttl_s(self, program, blocks, hint_s)
-        if until <= now:
+        own_ttl = self.retention.ttl_s(self, program, blocks, None)
+        ttl = self.retention.ttl_s(self, program, blocks, hint_s)
+        if own_ttl is None or ttl is None:  # the rule holds no such context
             self.refused += 1
             return ended
+        own_until, until = now + own_ttl, now + ttl
         if until > own_until and self._past_share(owner, blocks):
             until = own_until
             self.cut += 1
@@ -366,6 +368,13 @@ class Residency:
         """Whether the rule lets ``program``'s calls be admitted now (ThunderAgent
         pauses programs); the working set is :meth:`fits`."""
         return self.retention.admits(program)
+
+    def overdue(self, call: Call, now: float) -> bool:
+        """Whether ``call``, outside the working set, is a new program's first and
+        has waited past ``ResidencyConfig.first_call_bound_s``: it may break holds
+        of programs in worse levels."""
+        first = call.program.calls_completed == 0
+        return first and now - call.arrival_s >= self.config.first_call_bound_s
 
     @property
     def working_set(self) -> bool:

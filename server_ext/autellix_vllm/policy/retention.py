@@ -4,7 +4,7 @@
 (blocks an idle context keeps referenced on the engine); a retention rule answers
 the questions on which KV-aware systems differ:
 
-* ``ttl_s``: how long an idle context is held (0: not at all; ``inf``: until
+* ``ttl_s``: how long an idle context is held (None: not at all; ``inf``: until
   displaced or its program ends);
 * ``breakable``: which holds a call may take blocks from, in the order it takes them;
 * ``working_set``: whether a call whose context is not resident waits until its
@@ -51,8 +51,8 @@ class Retention:
 
     def ttl_s(
         self, residency: Residency, program: Program, blocks: int, hint_s: float | None
-    ) -> float:
-        """How long to hold ``program``'s idle context of ``blocks`` (0: do not)."""
+    ) -> float | None:
+        """How long to hold ``program``'s idle context of ``blocks`` (None: do not)."""
         return residency.config.ttl_s(program, hint_s)
 
     def breakable(self, holds: Iterable[Hold], level: int) -> list[Hold]:
@@ -122,7 +122,7 @@ class ContinuumTTL(Retention):
 
     def ttl_s(
         self, residency: Residency, program: Program, blocks: int, hint_s: float | None
-    ) -> float:
+    ) -> float | None:
         config: ResidencyConfig = residency.config
         mean_gap = config.expected_gap_s(program)
         share = blocks / max(1, residency.capacity_blocks)
@@ -130,7 +130,7 @@ class ContinuumTTL(Retention):
         benefit = share * fill_s
         ratio = benefit / (mean_gap * share) if share > 0 else 0.0
         if ratio <= 1.0:
-            return 0.0
+            return None
         return min(mean_gap * math.log(ratio), config.max_ttl_s)
 
     def breakable(self, holds: Iterable[Hold], level: int) -> list[Hold]:

@@ -533,7 +533,9 @@ class SimEngine:
             # engine any (nothing would free them sooner).
             level = job.call.level if self.running or self.loading else -1
             if not self._admissible(job):
-                if job.call.promotions or level < 0:  # starving, or nothing runs
+                assert self.residency is not None
+                # Starving, waited past the admission bound, or nothing runs.
+                if job.call.promotions or level < 0 or self.residency.overdue(job.call, now):
                     self._make_room(self._footprint(job), level)
                     if not self._admissible(job):
                         break
