@@ -21,10 +21,14 @@ KEY = "engine-key-1234"
 STATED = CallIdentity("p", thread_id="t", prior_service=40.0, owner="key-alice")
 
 
-def test_the_router_stated_fields_are_the_prior_service_and_the_owner():
-    assert ROUTER_STATED == ("prior_service", "owner")
-    assert ROUTER_STATED_XARGS == ("autellix_prior_service", "autellix_owner")
-    assert ROUTER_STATED_HEADERS == ("X-Autellix-Prior-Service", "X-Autellix-Owner")
+def test_the_router_stated_fields_are_the_prior_service_the_owner_and_the_band():
+    assert ROUTER_STATED == ("prior_service", "owner", "priority")
+    assert ROUTER_STATED_XARGS == ("autellix_prior_service", "autellix_owner", "autellix_priority")
+    assert ROUTER_STATED_HEADERS == (
+        "X-Autellix-Prior-Service",
+        "X-Autellix-Owner",
+        "X-Autellix-Priority",
+    )
 
 
 def test_only_a_holder_of_the_engines_key_may_state_them():

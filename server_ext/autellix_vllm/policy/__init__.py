@@ -28,6 +28,7 @@ from .config import (
     ResidencyConfig,
     ServiceMeter,
     TableBounds,
+    TenantConfig,
 )
 from .core import ALONE_PREFIX, Counters, ProgramScheduler
 from .policies import (
@@ -99,6 +100,7 @@ __all__ = [
     "Route",
     "ServiceMeter",
     "TableBounds",
+    "TenantConfig",
     "Thread",
     "WaitQueue",
     "make_balancer",

@@ -7,6 +7,7 @@ defaults here were chosen by simulator sweeps (docs/scheduling.md shows them).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -260,6 +261,31 @@ class ResidencyConfig:
 
 
 @dataclass(frozen=True)
+class TenantConfig:
+    """Priority bands and the fair share of service between owners (keys).
+
+    A call ranks by its band first (0, interactive, is the best), then by its
+    owner's attained service over the owner's weight, then by the policy. A call
+    that has waited ``band_aging_s`` seconds since it arrived ranks as band 0,
+    so a worse band is never starved past that bound by a better one.
+    """
+
+    band_aging_s: float = 120.0
+    # Owner -> weight (its share of service is proportional); unlisted owners weigh 1.
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.band_aging_s > 0:
+            raise ValueError(f"band_aging_s must be positive, got {self.band_aging_s}")
+        for owner, weight in self.weights.items():
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"owner {owner!r}'s weight must be positive, got {weight}")
+
+    def weight(self, owner: str) -> float:
+        return self.weights.get(owner, 1.0)
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     """Everything that parameterises a policy; shared by engine, router and simulator."""
 
@@ -277,6 +303,8 @@ class PolicyConfig:
     table: TableBounds = DEFAULT_BOUNDS
     # How a KV-aware policy's engine holds idle contexts and admits calls.
     residency: ResidencyConfig = field(default_factory=ResidencyConfig)
+    # Priority bands with aging, and each owner's share of service inside a band.
+    tenants: TenantConfig = field(default_factory=TenantConfig)
 
     def __post_init__(self) -> None:
         if self.beta <= 0:

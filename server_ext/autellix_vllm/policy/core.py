@@ -14,6 +14,12 @@ order. The life of a call, and the method the engine calls at each point:
     finish     it completed (or was aborted): its program's service is updated
     advance    each step: the wait clock moves; starving calls are promoted
 
+Above the policy stand the tenants (:class:`~.config.TenantConfig`): a call
+ranks by its band first (its program's priority class, 0 the best; a worse
+band's call ranks as band 0 once it has waited ``band_aging_s``), then by its
+owner's share of the service (:class:`OwnerShares`), then by the policy. With
+one owner and one band the order is the policy's alone.
+
 Waiting is measured on a *wait clock* in the unit of service: engine steps for
 the token unit (a running call decodes one token per step) and seconds for the
 time unit, so the anti-starvation ratio compares like with like.
@@ -28,13 +34,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..protocol.identity import CallIdentity
 from .bounded import swept_all
-from .config import PolicyConfig
+from .config import PolicyConfig, TenantConfig
 from .faults import Faults, Hook
 from .policies import Policy
 from .queue import WaitQueue
@@ -59,6 +66,44 @@ class Counters:
     calls_aborted: int = 0
 
 
+class OwnerShares:
+    """Each owner's share of the service: what its calls attained, over its weight.
+
+    The wait queue serves the owner with the least share first inside a band,
+    so a key's programs share one account and splitting an agent into many
+    programs gains nothing. An owner that arrives while nothing of its own is
+    in flight starts no lower than the least share of the owners that are: it
+    gets no credit for the time it was away (as in start-time fair queuing).
+    """
+
+    def __init__(self, config: TenantConfig) -> None:
+        self.config = config
+        self._share: dict[str, float] = {}
+        self._in_flight: Counter[str] = Counter()  # owner -> its calls in flight (> 0)
+
+    def share(self, owner: str) -> float:
+        return self._share.get(owner, 0.0)
+
+    def arrived(self, owner: str) -> None:
+        """A call of ``owner`` arrived."""
+        if not self._in_flight[owner] and self._in_flight:
+            floor = min(self.share(other) for other in self._in_flight)
+            self._share[owner] = max(self.share(owner), floor)
+        self._in_flight[owner] += 1
+
+    def left(self, owner: str) -> None:
+        """A call of ``owner`` finished or was aborted."""
+        self._in_flight[owner] -= 1
+        if not self._in_flight[owner]:
+            del self._in_flight[owner]
+
+    def charge(self, owner: str, amount: float) -> None:
+        self._share[owner] = self.share(owner) + amount / self.config.weight(owner)
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self._share)
+
+
 class ProgramScheduler:
     """Ranks calls by their program's attained service (PLAS/ATLAS and baselines)."""
 
@@ -78,12 +123,15 @@ class ProgramScheduler:
         self._last_level = len(self.levels) - 1
         self.meter = self.config.meter
         self.table = table or ProcessTable(self.config.table)
-        self.waiting = WaitQueue()
+        self.shares = OwnerShares(self.config.tenants)
+        self.waiting = WaitQueue(self.shares.share)
         self.counters = Counters()
         self.faults = Faults()
         self.clock = 0.0
         self._seq = itertools.count()
         self._starving: list[tuple[float, int, int, Call]] = []  # (deadline, seq, version, call)
+        self._aging: list[tuple[float, int, Call]] = []  # (arrival + band_aging_s, seq, call)
+        self._aging_seq = itertools.count()
         self._next_evict_s = 0.0
 
     # ---- arrival -----------------------------------------------------------------
@@ -123,7 +171,9 @@ class ProgramScheduler:
                     return self._admit(call, prompt_tokens, payload)
             else:
                 self.table.calls_over_limit[crossed.limit] += 1
-        program = self.table.open(alone_id or ALONE_PREFIX + call_id, now_s, owner=identity.owner)
+        program = self.table.open(
+            alone_id or ALONE_PREFIX + call_id, now_s, owner=identity.owner, band=identity.priority
+        )
         program.ended = True  # it leaves the table with its only call
         call = Call(call_id, program, program.thread(None), now_s, identity=identity)
         base = self._base(call, "the call ranks as a new program")
@@ -133,7 +183,9 @@ class ProgramScheduler:
     def _join(self, call_id: str, identity: CallIdentity, now_s: float) -> Call | None:
         """The call as part of its program; None if the policy cannot place it."""
         assert identity.program_id is not None
-        program = self.table.open(identity.program_id, now_s, owner=identity.owner)
+        program = self.table.open(
+            identity.program_id, now_s, owner=identity.owner, band=identity.priority
+        )
         if not program.busy and program.last_completion_s is not None:
             program.gaps += 1  # it was idle, in a tool, since its last call ended
             program.gap_total_s += max(0.0, now_s - program.last_completion_s)
@@ -157,6 +209,11 @@ class ProgramScheduler:
         if self.policy.uses_levels:
             call.level = self.levels.level_of(call.base)
             call.quantum_left = self.levels.quanta[call.level]
+        call.band = call.program.band
+        if call.band > 0:
+            deadline = call.arrival_s + self.config.tenants.band_aging_s
+            heapq.heappush(self._aging, (deadline, next(self._aging_seq), call))
+        self.shares.arrived(call.program.owner)
         self._enter_level(call)
         call.program.active_calls[id(call)] = call
         call.thread.active_calls += 1
@@ -189,6 +246,11 @@ class ProgramScheduler:
             return self._last_level
 
     def rank(self, call: Call) -> Rank:
+        """Where ``call`` stands now, smaller first: its band, its owner's share,
+        then the policy's rank (the order the engine runs and preempts by)."""
+        return (call.band, self.shares.share(call.program.owner), *self._policy_rank(call))
+
+    def _policy_rank(self, call: Call) -> Rank:
         """The policy's rank for ``call``; if it fails, the call ranks by its level."""
         try:
             return self.policy.rank(call)
@@ -197,7 +259,10 @@ class ProgramScheduler:
             return (call.level, call.seq)
 
     def outranks(self, waiter: Call, victim: Call) -> bool:
-        """Whether ``waiter`` may preempt ``victim``; if the policy fails, it may not."""
+        """Whether ``waiter`` may preempt ``victim``: a better band always may, a
+        worse one never; in one band, the policy says (if it fails, it may not)."""
+        if waiter.band != victim.band:
+            return waiter.band < victim.band
         try:
             return self.policy.outranks(waiter, victim)
         except Exception as error:
@@ -210,7 +275,7 @@ class ProgramScheduler:
         """The call waits: on arrival, or after a preemption."""
         call.state = CallState.WAITING
         call.wait_started = self.clock
-        self.waiting.push(call, self.rank(call))
+        self.waiting.push(call, self._policy_rank(call))
         self._watch_starvation(call)
 
     def peek(self) -> Call | None:
@@ -227,7 +292,7 @@ class ProgramScheduler:
         waiting all along, so its waiting stretch continues."""
         if call.state is not CallState.WAITING or call.queued:
             raise ValueError(f"call {call.call_id} was not popped from the wait queue")
-        self.waiting.push(call, self.rank(call))
+        self.waiting.push(call, self._policy_rank(call))
         self._watch_starvation(call)
 
     def start(self, call: Call) -> None:
@@ -242,6 +307,7 @@ class ProgramScheduler:
     def advance(self, now_s: float, steps: float = 1.0) -> None:
         """Move the wait clock by ``steps`` engine steps (or to ``now_s`` in time units)."""
         self.clock = now_s if self.meter.unit == "time" else self.clock + steps
+        self._age_bands(now_s)
         self._promote_starving()
         if now_s >= self._next_evict_s:
             # One bounded batch a step; after a full batch, the next step sweeps again.
@@ -260,6 +326,7 @@ class ProgramScheduler:
         amount = self.meter.amount(decode_tokens, prefill_tokens, seconds)
         if amount <= 0:
             return
+        self.shares.charge(call.program.owner, amount)
         call.service += amount
         call.starve_service += amount
         if not self.policy.uses_levels:
@@ -270,7 +337,7 @@ class ProgramScheduler:
             call.quantum_left += self.levels.quanta[call.level]
             self._enter_level(call)
             self.counters.demotions += 1
-            self.waiting.rerank(call, self.rank(call))
+            self.waiting.rerank(call, self._policy_rank(call))
 
     def _enter_level(self, call: Call) -> None:
         """``call`` joins the tail of its level; its program keeps the place its first
@@ -379,6 +446,7 @@ class ProgramScheduler:
             program.calls_completed += 1
         self.counters.calls_finished += 1
         program.active_calls.pop(id(call), None)
+        self.shares.left(program.owner)
         call.thread.active_calls -= 1
         self.table.touch(program)
         try:
@@ -393,6 +461,23 @@ class ProgramScheduler:
         return self.table.end(program_id)
 
     # ---- anti-starvation ---------------------------------------------------------
+
+    def _age_bands(self, now_s: float) -> None:
+        """Calls of a worse band that arrived ``band_aging_s`` ago rank as band 0."""
+        heap = self._aging
+        while heap and heap[0][0] <= now_s:
+            call = heapq.heappop(heap)[2]
+            if call.state is CallState.FINISHED or call.band == 0:
+                continue
+            call.band = 0
+            self.waiting.rerank(call, self._policy_rank(call))
+
+    def next_band_aging(self) -> float | None:
+        """When (in seconds) the next waiting call of a worse band ages (None if none)."""
+        heap = self._aging
+        while heap and (heap[0][2].state is CallState.FINISHED or heap[0][2].band == 0):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def _watch_starvation(self, call: Call) -> None:
         # Calls already in the top level have nowhere to be promoted to.
@@ -461,7 +546,7 @@ class ProgramScheduler:
         call.starve_service = 0.0
         call.promotions += 1
         self.counters.promotions += 1
-        self.waiting.rerank(call, self.rank(call))
+        self.waiting.rerank(call, self._policy_rank(call))
 
     def _stop_waiting(self, call: Call) -> None:
         if call.wait_started is not None:
@@ -475,7 +560,7 @@ class ProgramScheduler:
         for sibling in program.active_calls.values():
             if sibling.queued:
                 if self.policy.rerank_on_progress(program):
-                    self.waiting.rerank(sibling, self.rank(sibling))
+                    self.waiting.rerank(sibling, self._policy_rank(sibling))
                 # The program's wait grew, so a sibling may starve sooner.
                 self._watch_starvation(sibling)
 
@@ -509,6 +594,7 @@ class ProgramScheduler:
                     "name": program.name,
                     # Whose fair share of held KV it draws on (the key's owner id).
                     "owner": program.owner,
+                    "band": program.band,
                     "engine": program.engine,
                     "threads": len(program.threads),
                     "active_calls": len(active),
@@ -546,6 +632,8 @@ class ProgramScheduler:
             "programs_count": len(self.table),
             "queue_depth": depth,
             "waiting": len(self.waiting),
+            # Each owner's attained service over its weight (OwnerShares).
+            "owner_shares": self.shares.snapshot(),
             **vars(self.counters),
             "calls_over_limit": dict(self.table.calls_over_limit),
             "hook_failures": dict(self.faults.counts),

@@ -479,8 +479,9 @@ class Residency:
         rank: Callable[[Call], Rank],
         undo_cost: Callable[[Call], float],
     ) -> Call:
-        """The running call to preempt when KV runs out: the worst level first (the
-        paper's order), then the cheapest to undo, then the worst rank."""
+        """The running call to preempt when KV runs out: the worst band first, then
+        the worst level (the paper's order), then the cheapest to undo, then the
+        worst rank."""
         return max(running, key=lambda call: Residency.victim_key(call, rank, undo_cost))
 
     @staticmethod
@@ -488,8 +489,8 @@ class Residency:
         call: Call,
         rank: Callable[[Call], Rank],
         undo_cost: Callable[[Call], float],
-    ) -> tuple[int, float, Rank]:
+    ) -> tuple[int, int, float, Rank]:
         """Orders running calls for preemption when KV runs out (:meth:`victim`): the
         greatest key goes first. An engine that preempts by its own rule (vLLM) sorts
         its running calls by it."""
-        return (call.level, -undo_cost(call), rank(call))
+        return (call.band, call.level, -undo_cost(call), rank(call))

@@ -84,6 +84,9 @@ class Program:
     # Who runs it (its first call's ``CallIdentity.owner``): holds are shared fairly
     # among owners (policy.residency).
     owner: str = ANONYMOUS_OWNER
+    # Its priority band (its first call's ``CallIdentity.priority``): 0, interactive,
+    # is the best; a better band goes first (ProgramScheduler.rank).
+    band: int = 0
     created_s: float = 0.0
     last_arrival_s: float = 0.0
     last_completion_s: float | None = None
@@ -196,6 +199,9 @@ class Call:
     service: float = 0.0
     level: int = 0
     quantum_left: float = 0.0
+    # Its program's band, or 0 once it has waited past the aging bound
+    # (TenantConfig.band_aging_s).
+    band: int = 0
     # Order of entry into its level (FIFO within a level); arrival order under FCFS.
     seq: int = 0
     # Its program's order of entry into the call's level (Program.level_entries).
@@ -218,6 +224,7 @@ class Call:
     # Bookkeeping of the wait queue (see queue.WaitQueue).
     queued: bool = False
     queue_version: int = 0
+    queue_key: tuple[int, str] = (0, ANONYMOUS_OWNER)
 
 
 class ProcessTable:
@@ -252,15 +259,20 @@ class ProcessTable:
         return self._programs.get(program_id)
 
     def open(
-        self, program_id: str, now_s: float, name: str | None = None, owner: str | None = None
+        self,
+        program_id: str,
+        now_s: float,
+        name: str | None = None,
+        owner: str | None = None,
+        band: int | None = None,
     ) -> Program:
         """The program ``program_id``, created if it is new (belonging to ``owner``,
-        None: the anonymous owner), marked active at ``now_s``."""
+        None: the anonymous owner; in ``band``, None: 0), marked active at ``now_s``."""
         program = self._programs.get(program_id)
         if program is None:
             program = Program(
-                program_id, name=name, owner=owner or ANONYMOUS_OWNER, created_s=now_s,
-                last_arrival_s=now_s,
+                program_id, name=name, owner=owner or ANONYMOUS_OWNER, band=band or 0,
+                created_s=now_s, last_arrival_s=now_s,
             )  # fmt: skip
             self._programs.add(program_id, program)
         else:

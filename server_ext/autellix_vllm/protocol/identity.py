@@ -24,11 +24,16 @@ header                          ``vllm_xargs`` key             value
 ``X-Autellix-Prior-Service``    ``autellix_prior_service``     float >= 0
 ``X-Autellix-Retention-Ttl``    ``autellix_retention_ttl_s``   TTL
 ``X-Autellix-Owner``            ``autellix_owner``             id
+``X-Autellix-Priority``         ``autellix_priority``          band
 ``X-Session-ID``                (body ``session_id``)          id
 =============================== ============================== ===========
 
-The prior service and the owner (who the caller is) are the router's to
-state, never a client's: who may state them is :mod:`~autellix_vllm.protocol.trust`'s
+A band (:func:`validate_priority`) is a priority class, ``interactive``
+(band 0, the default) or ``batch`` (band 1), or a band's number from 0 to
+:data:`MAX_PRIORITY_BAND`; a smaller band goes first.
+
+The prior service, the owner (who the caller is) and the band are the
+router's to state, never a client's: who may state them is :mod:`~autellix_vllm.protocol.trust`'s
 one rule. A call without an owner belongs to :data:`ANONYMOUS_OWNER`, one
 owner shared by every such call.
 
@@ -82,6 +87,7 @@ CALL_ID_HEADER = "X-Autellix-Call-Id"
 PRIOR_SERVICE_HEADER = "X-Autellix-Prior-Service"
 RETENTION_TTL_HEADER = "X-Autellix-Retention-Ttl"
 OWNER_HEADER = "X-Autellix-Owner"
+PRIORITY_HEADER = "X-Autellix-Priority"
 SESSION_ID_HEADER = "X-Session-ID"
 """vLLM's own session header; the SDK sets it to the program id."""
 
@@ -92,6 +98,7 @@ CALL_ID = "autellix_call_id"
 PRIOR_SERVICE = "autellix_prior_service"
 RETENTION_TTL = "autellix_retention_ttl_s"
 OWNER = "autellix_owner"
+PRIORITY = "autellix_priority"
 
 XARGS_FIELD = "vllm_xargs"
 SESSION_ID_FIELD = "session_id"
@@ -100,6 +107,10 @@ MAIN_THREAD_ID = "main"
 """The thread a call without a thread id runs on (the policy's table too)."""
 ANONYMOUS_OWNER = "anonymous"
 """The owner of every call that names none (no router, or a router without keys)."""
+PRIORITY_CLASSES: dict[str, int] = {"interactive": 0, "batch": 1}
+"""Priority class name -> its band."""
+MAX_PRIORITY_BAND = 9
+"""The worst band a call may name (bands are 0 .. this)."""
 
 # CallIdentity field -> its header, as spelled on the wire.
 IDENTITY_HEADERS: dict[str, str] = {
@@ -110,6 +121,7 @@ IDENTITY_HEADERS: dict[str, str] = {
     "prior_service": PRIOR_SERVICE_HEADER,
     "retention_ttl_s": RETENTION_TTL_HEADER,
     "owner": OWNER_HEADER,
+    "priority": PRIORITY_HEADER,
 }
 # CallIdentity field -> its vllm_xargs key.
 IDENTITY_XARGS: dict[str, str] = {
@@ -120,6 +132,7 @@ IDENTITY_XARGS: dict[str, str] = {
     "prior_service": PRIOR_SERVICE,
     "retention_ttl_s": RETENTION_TTL,
     "owner": OWNER,
+    "priority": PRIORITY,
 }
 # Header in lower case (as ASGI delivers it) -> CallIdentity field; X-Session-ID -> itself.
 _HEADER_FIELDS: dict[str, str] = {
@@ -157,6 +170,8 @@ class CallIdentity:
     owner: str | None = None
     """Who the caller is (the router's ``Client.owner``): whose fair share of the
     engine's held KV the call's program draws on."""
+    priority: int | None = None
+    """The program's band (0 the best; None: 0), stated by the router."""
 
     def as_xargs(self) -> dict[str, str | float]:
         """The ``vllm_xargs`` keys of the parts that are set."""
@@ -207,6 +222,23 @@ def validate_service(value: object, param: str) -> float:
     if not math.isfinite(service) or service < 0:
         raise IdentityError(f"{param} must be a finite number >= 0, got {value!r}", param)
     return service
+
+
+def validate_priority(value: object, param: str) -> int:
+    """A band: a class name of :data:`PRIORITY_CLASSES` or an integer from 0 to
+    :data:`MAX_PRIORITY_BAND` (a string of one is accepted)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in PRIORITY_CLASSES:
+            return PRIORITY_CLASSES[text]
+        value = int(text) if text.isdigit() else value
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PRIORITY_BAND:
+        names = ", ".join(PRIORITY_CLASSES)
+        raise IdentityError(
+            f"{param} must be {names} or a band from 0 to {MAX_PRIORITY_BAND}, got {value!r}",
+            param,
+        )
+    return value
 
 
 _TTL_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -289,6 +321,7 @@ def read_identity(
     prior_service = part("prior_service", validate_service)
     retention_ttl_s = part("retention_ttl_s", validate_ttl)
     owner = part("owner", validate_id)
+    priority = part("priority", validate_priority)
     header_session_id = None
     if SESSION_ID_HEADER in from_headers:
         header_session_id = validate_id(from_headers[SESSION_ID_HEADER], SESSION_ID_HEADER)
@@ -309,6 +342,7 @@ def read_identity(
         prior_service=prior_service,
         retention_ttl_s=retention_ttl_s if retention_ttl_s is not None else hint.retention_ttl_s,
         owner=owner,
+        priority=priority,
     )
 
 

@@ -1,0 +1,155 @@
+"""Priority bands with aging, and the fair share of service between owners."""
+
+import pytest
+from autellix_vllm.policy import (
+    Autellix,
+    Levels,
+    PolicyConfig,
+    ProgramScheduler,
+    TenantConfig,
+)
+from autellix_vllm.protocol.identity import (
+    CallIdentity,
+    IdentityError,
+    read_identity,
+)
+from autellix_vllm.protocol.trust import accepted
+
+LEVELS = Levels(boundaries=(0.0, 10.0, 100.0, 1000.0))
+
+
+def make(**tenants):
+    config = PolicyConfig(levels=LEVELS, tenants=TenantConfig(**tenants))
+    return ProgramScheduler(Autellix(), config, seats=1)
+
+
+def arrive(core, program, call_id, now=0.0, owner=None, priority=None):
+    identity = CallIdentity(program, call_id=call_id, owner=owner, priority=priority)
+    call = core.add_call(identity, now_s=now)
+    core.enqueue(call)
+    return call
+
+
+def serve(core, call, tokens, now=0.0):
+    """Run an arrived (waiting) call for ``tokens`` decode steps and complete it."""
+    core.start(call)
+    core.charge(call, decode_tokens=tokens)
+    core.finish(call, now_s=now)
+
+
+def order(core):
+    return [call.call_id for call in core.waiting]
+
+
+def test_a_better_band_goes_first_whatever_the_service():
+    core = make()
+    long_program = arrive(core, "long", "l0")
+    serve(core, long_program, 500)
+    batch = arrive(core, "fresh-batch", "b1", priority=1)  # no service at all
+    interactive = arrive(core, "long", "l1")  # a level behind it
+    assert interactive.level > batch.level
+    assert order(core) == ["l1", "b1"]
+    assert core.peek() is interactive
+    assert core.rank(interactive) < core.rank(batch)
+
+
+def test_a_better_band_preempts_a_worse_one_and_never_the_reverse():
+    core = make()
+    batch = arrive(core, "batch", "b1", priority=1)
+    core.start(batch)
+    core.charge(batch, decode_tokens=5)  # pays for its (empty) prompt: displaceable
+    interactive = arrive(core, "chat", "i1")
+    assert core.outranks(interactive, batch)
+    assert core.victims([batch], free_seats=0) == [batch]
+    assert not core.outranks(batch, interactive)
+
+
+def test_a_worse_bands_call_ranks_as_band_zero_after_the_aging_bound():
+    core = make(band_aging_s=30.0)
+    batch = arrive(core, "batch", "b1", now=0.0, priority=1)
+    core.advance(now_s=29.0)
+    arrive(core, "chat", "i1", now=29.0)
+    assert order(core) == ["i1", "b1"]
+    assert core.next_band_aging() == 30.0
+    core.advance(now_s=30.0)
+    assert batch.band == 0
+    assert core.next_band_aging() is None
+    # Now in band 0 it ranks as any band-0 call: the same level, and it came first.
+    assert order(core) == ["b1", "i1"]
+
+
+def test_owners_take_turns_by_attained_service_inside_a_band():
+    core = make()
+    serve(core, arrive(core, "b-prog", "b0", owner="b"), 10)
+    serve(core, arrive(core, "a-prog", "a1", owner="a"), 50)
+    arrive(core, "b-prog", "b1", owner="b")
+    arrive(core, "a-prog", "a2", owner="a")
+    assert order(core) == ["b1", "a2"]
+    serve(core, core.pop(), 100)  # b is ahead now: a's waiting call goes first
+    arrive(core, "b-prog", "b2", owner="b")
+    assert order(core) == ["a2", "b2"]
+
+
+def test_an_owner_splitting_its_agent_into_programs_gains_nothing():
+    """Owner b sends every call as a new program (each at level 0, no program
+    service); owner a's one program has attained more, but b has attained more
+    in all: a goes first."""
+    core = make()
+    for i in range(6):
+        serve(core, arrive(core, f"b-{i}", f"b{i}", owner="b"), 10)
+    serve(core, arrive(core, "a-agent", "a0", owner="a"), 40)
+    agent_call = arrive(core, "a-agent", "a1", owner="a")
+    split_call = arrive(core, "b-new", "b-new", owner="b")
+    assert split_call.level < agent_call.level
+    assert order(core) == ["a1", "b-new"]
+
+
+def test_weights_scale_an_owners_share():
+    core = make(weights={"a": 4.0})
+    serve(core, arrive(core, "a-prog", "a0", owner="a"), 40)  # share 10
+    serve(core, arrive(core, "b-prog", "b0", owner="b"), 20)  # share 20
+    arrive(core, "a-prog", "a1", owner="a")
+    arrive(core, "b-prog", "b1", owner="b")
+    assert order(core) == ["a1", "b1"]
+    with pytest.raises(ValueError):
+        TenantConfig(weights={"a": 0.0})
+    with pytest.raises(ValueError):
+        TenantConfig(band_aging_s=0.0)
+
+
+def test_an_owner_returning_from_idle_gets_no_credit_for_its_absence():
+    core = make()
+    running = arrive(core, "b-prog", "b0", owner="b")
+    core.start(running)
+    core.charge(running, decode_tokens=1000)
+    arrive(core, "a-prog", "a0", owner="a")  # a has no service; b is in flight
+    assert core.shares.share("a") == core.shares.share("b") == 1000
+
+
+def test_one_owner_and_one_band_keep_the_policys_order():
+    """The same arrivals on a plain core and on one whose calls all name one
+    owner and band 0: the same order at every step."""
+    plain = ProgramScheduler(Autellix(), PolicyConfig(levels=LEVELS), seats=1)
+    owned = make()
+    for core, owner in ((plain, None), (owned, "only")):
+        for i, tokens in enumerate((50, 5, 500, 20)):
+            serve(core, arrive(core, f"p{i % 3}", f"warm{i}", owner=owner), tokens)
+        for i in range(8):
+            arrive(core, f"p{i % 4}", f"c{i}", owner=owner, priority=0 if owner else None)
+    assert order(plain) == order(owned)
+    assert [c.call_id for c in plain.waiting.best(5)] == [c.call_id for c in owned.waiting.best(5)]
+
+
+def test_the_band_travels_as_a_header_or_a_class_name_and_is_router_stated():
+    identity = read_identity([("X-Autellix-Priority", "batch")])
+    assert identity.priority == 1
+    assert read_identity(xargs={"autellix_priority": 3}).priority == 3
+    assert read_identity([("X-Autellix-Priority", "interactive")]).priority == 0
+    assert CallIdentity(priority=2).as_headers() == {"X-Autellix-Priority": "2"}
+    for bad in ("urgent", "-1", "10", "1.5"):
+        with pytest.raises(IdentityError) as error:
+            read_identity([("X-Autellix-Priority", bad)])
+        assert error.value.param == "X-Autellix-Priority"
+    # A client cannot state its band: a hop that may not state router fields drops it.
+    assert accepted(CallIdentity("p", priority=0), may_state=False).priority is None
+    assert accepted(CallIdentity("p", priority=1), may_state=True).priority == 1
