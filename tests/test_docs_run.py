@@ -113,6 +113,7 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix ps --url http://127.0.0.1:8000": (RUN, "PROGRAM"),
     "autellix ps --all": (RUN, "ended programs"),
     "pip install \"torch==2.13.0\" && pip install '.[cpu,ray]'": (PARSE, "installs packages"),
+    "pip install 'autellix[otel]'": (PARSE, "installs packages"),
     "autellix ray-serve --model tiny --replicas 2": (PARSE, "starts a Ray cluster and engines"),
     "autellix ray-serve --address auto --model smollm2 --replicas 4 --engine-cpus 4": (
         PARSE, "needs a Ray cluster"),

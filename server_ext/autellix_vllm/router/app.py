@@ -36,6 +36,7 @@ from autellix_vllm.router.middlewares import authenticate, openai_errors
 from autellix_vllm.router.programs import ProgramTable
 from autellix_vllm.router.routes import add_routes, end_idle_derived_forever
 from autellix_vllm.router.state import STATE, RouterState
+from autellix_vllm.router.tracing import tracer_from_environment
 
 log = logging.getLogger("autellix.router")
 
@@ -69,10 +70,14 @@ def _router_state(
         if config.derived_programs:
             deriver = ProgramDeriver(config.derived_idle_end_s, config.prefix_programs)
 
+        tracer = tracer_from_environment()  # None unless the OTEL_* variables ask for traces
+
         def dropped(program_id: str) -> None:
             balancer.forget(program_id)
             if deriver is not None:
                 deriver.forget(program_id)
+            if tracer is not None:
+                tracer.program_left(program_id)
 
         programs = ProgramTable(config.table, on_drop=dropped)
         metrics.track_programs(lambda: len(programs))
@@ -84,7 +89,9 @@ def _router_state(
             timeout_s=config.health_timeout_s,
             failures_to_drop=config.health_failures,
         )
-        dispatcher = Dispatcher(config, session, pool, programs, balancer, metrics, deriver=deriver)
+        dispatcher = Dispatcher(
+            config, session, pool, programs, balancer, metrics, deriver=deriver, tracer=tracer
+        )
         pool.on_down = dispatcher.engine_down
         state = app[STATE] = RouterState(config, session, metrics, programs, pool, dispatcher)
         sweepers = [programs.sweep_forever(config.health_interval_s)]
@@ -105,6 +112,8 @@ def _router_state(
                 await sweeper
             await pool.stop()
             await session.close()
+            if tracer is not None:
+                await asyncio.to_thread(tracer.shutdown)  # exports the spans not yet sent
 
     return lifespan
 

@@ -17,7 +17,9 @@ service summed over all engines (``X-Autellix-Prior-Service``, at most
 as sent (``X-Autellix-Retention-Ttl``; the engine clamps it). What the router
 adds is kept in its own record (``admission.Admitted``); the accepted call
 (``calls.Call``) is not changed.
-The engine key travels as the session's ``Authorization`` (``app``).
+The engine key travels as the session's ``Authorization`` (``app``). With
+tracing on (``router.tracing``), the call's own ``traceparent`` replaces the
+client's, and goes back to the client on the answer.
 
 Failover: a call whose engine cannot be reached, or drops the connection
 before the client got any byte, is sent again (same body, same call id) to
@@ -40,8 +42,9 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -73,6 +76,9 @@ from autellix_vllm.router.metrics import RouterMetrics
 from autellix_vllm.router.programs import ProgramRecord, ProgramTable
 from autellix_vllm.router.timeline import CallSpan
 from autellix_vllm.router.usage import NO_REPORT, CallReport, SseRelay, read_whole_answer
+
+if TYPE_CHECKING:
+    from autellix_vllm.router.tracing import ProgramTracer
 
 log = logging.getLogger("autellix.router")
 
@@ -124,6 +130,8 @@ class Outcome:
     relay: SseRelay | None = None  # a stream's relay, once it started
     upstream_s: float = 0.0  # time spent waiting for the engine (non-streaming calls)
     whole_report: CallReport = NO_REPORT  # what a non-streamed answer said of the call
+    # The call's trace context (router.tracing), sent to the engine and back to the client.
+    trace_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def report(self) -> CallReport:
@@ -148,9 +156,11 @@ class Dispatcher:
         metrics: RouterMetrics,
         meter: ServiceMeter | None = None,
         deriver: ProgramDeriver | None = None,
+        tracer: ProgramTracer | None = None,
     ) -> None:
         self.config = config
         self.deriver = deriver
+        self.tracer = tracer  # None: tracing is off
         self.session = session
         self.pool = pool
         self.programs = programs
@@ -180,10 +190,17 @@ class Dispatcher:
         else:
             key = record.program_id
         outcome = Outcome()
+        call_trace = None
+        if self.tracer is not None:
+            elapsed = time.perf_counter() - started
+            call_trace = self.tracer.call_started(request.headers, call, admitted, caller, elapsed)
+            outcome.trace_headers = call_trace.headers
         arrived_s = self.programs.clock() - (time.perf_counter() - started)  # the router got it
         try:
             await self._send_with_retries(request, call, key, admitted, outcome)
         finally:
+            if call_trace is not None:
+                call_trace.finished(call, outcome)
             if record is not None:
                 engine = outcome.engine.name if outcome.engine else None
                 identity, finished_s = call.identity, self.programs.clock()
@@ -254,8 +271,8 @@ class Dispatcher:
                 self.metrics.retried(previous[-1].name)
             previous.append(engine)
             try:
-                await send(request, call, engine, self._headers(request, admitted, engine),
-                           outcome)  # fmt: skip
+                headers = self._headers(request, admitted, engine, outcome.trace_headers)
+                await send(request, call, engine, headers, outcome)
             except EngineUnreachable as error:
                 if error.stale and engine not in stale:
                     stale.add(engine)
@@ -286,14 +303,24 @@ class Dispatcher:
                 "engine_unreachable",
             ) from None
 
-    def _headers(self, request: web.Request, admitted: Admitted, engine: Engine) -> dict[str, str]:
+    def _headers(
+        self,
+        request: web.Request,
+        admitted: Admitted,
+        engine: Engine,
+        trace_headers: Mapping[str, str],
+    ) -> dict[str, str]:
         """The client's headers but the dropped ones, and the identity the engine
-        is told: the admitted one, with the program's prior service."""
+        is told: the admitted one, with the program's prior service; with tracing
+        on, the call's trace context in place of the client's."""
         headers = {
             name: value
             for name, value in request.headers.items()
             if name.lower() not in _DROPPED_HEADERS
         }
+        if trace_headers:
+            headers = {k: v for k, v in headers.items() if k.lower() not in trace_headers}
+            headers.update(trace_headers)
         identity = admitted.identity
         prior_service = self._prior_service(admitted.record, engine)
         if prior_service is not None:
@@ -334,7 +361,7 @@ class Dispatcher:
             outcome.service, outcome.response_id, outcome.whole_report = read_whole_answer(
                 payload, self.meter
             )
-        outcome.response = _whole_answer(upstream, payload)
+        outcome.response = _whole_answer(upstream, payload, outcome.trace_headers)
 
     async def _send_stream(
         self,
@@ -351,15 +378,17 @@ class Dispatcher:
             try:
                 if upstream.status != 200:  # an error answer, not a stream: relay it whole
                     outcome.engine = engine
-                    outcome.response = _whole_answer(upstream, await upstream.read())
+                    payload = await upstream.read()
+                    outcome.response = _whole_answer(upstream, payload, outcome.trace_headers)
                     return
                 first = await upstream.content.readany()
             except ENGINE_CONNECTION_FAILURES as error:
                 raise EngineUnreachable(engine, error) from error
             if not first:
                 raise EngineUnreachable(engine, ConnectionError("stream closed before any data"))
+            headers = {**passed_back_headers(upstream), **outcome.trace_headers}
             response = web.StreamResponse(
-                status=200, headers={**passed_back_headers(upstream), "Cache-Control": "no-cache"}
+                status=200, headers={**headers, "Cache-Control": "no-cache"}
             )
             outcome.engine, outcome.response = engine, response
             outcome.relay = SseRelay(response, self.meter, drop_usage=call.usage_injected)
@@ -403,11 +432,14 @@ class Dispatcher:
         return True
 
 
-def _whole_answer(upstream: aiohttp.ClientResponse, payload: bytes) -> web.Response:
-    """The engine's answer: its status, body and content type; an error's body is put
-    in the router's shape (:func:`~autellix_vllm.protocol.openai_errors.normalized_error`), whatever
+def _whole_answer(
+    upstream: aiohttp.ClientResponse, payload: bytes, trace_headers: Mapping[str, str]
+) -> web.Response:
+    """The engine's answer: its status, body and content type, and the call's
+    ``trace_headers``; an error's body is put in the router's shape
+    (:func:`~autellix_vllm.protocol.openai_errors.normalized_error`), whatever
     shape the engine gave it."""
-    headers = passed_back_headers(upstream)
+    headers = {**passed_back_headers(upstream), **trace_headers}
     if upstream.status >= 400:
         payload = json.dumps(normalized_error(upstream.status, payload)).encode()
         headers["Content-Type"] = "application/json"
