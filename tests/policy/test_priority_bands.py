@@ -153,3 +153,12 @@ def test_the_band_travels_as_a_header_or_a_class_name_and_is_router_stated():
     # A client cannot state its band: a hop that may not state router fields drops it.
     assert accepted(CallIdentity("p", priority=0), may_state=False).priority is None
     assert accepted(CallIdentity("p", priority=1), may_state=True).priority == 1
+
+
+def test_an_owner_may_have_a_band_of_its_own_that_a_stated_band_overrides():
+    core = make(bands={"nightly": 1})
+    assert arrive(core, "n1", "n1", owner="nightly").band == 1
+    assert arrive(core, "n2", "n2", owner="nightly", priority=0).band == 0
+    assert arrive(core, "o1", "o1", owner="other").band == 0
+    with pytest.raises(ValueError):
+        TenantConfig(bands={"nightly": -1})

@@ -273,6 +273,9 @@ class TenantConfig:
     band_aging_s: float = 120.0
     # Owner -> weight (its share of service is proportional); unlisted owners weigh 1.
     weights: Mapping[str, float] = field(default_factory=dict)
+    # Owner -> the band of its calls that state none (the keys file's class for a
+    # key); unlisted owners' calls are in band 0.
+    bands: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.band_aging_s > 0:
@@ -280,9 +283,18 @@ class TenantConfig:
         for owner, weight in self.weights.items():
             if not (math.isfinite(weight) and weight > 0):
                 raise ValueError(f"owner {owner!r}'s weight must be positive, got {weight}")
+        for owner, band in self.bands.items():
+            if isinstance(band, bool) or not isinstance(band, int) or band < 0:
+                raise ValueError(f"owner {owner!r}'s band must be an integer >= 0, got {band!r}")
 
     def weight(self, owner: str) -> float:
         return self.weights.get(owner, 1.0)
+
+    def band(self, owner: str | None, stated: int | None) -> int:
+        """The band of a call of ``owner`` that stated ``stated`` (None: none)."""
+        if stated is not None:
+            return stated
+        return self.bands.get(owner, 0) if owner is not None else 0
 
 
 @dataclass(frozen=True)

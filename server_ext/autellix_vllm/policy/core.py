@@ -172,7 +172,10 @@ class ProgramScheduler:
             else:
                 self.table.calls_over_limit[crossed.limit] += 1
         program = self.table.open(
-            alone_id or ALONE_PREFIX + call_id, now_s, owner=identity.owner, band=identity.priority
+            alone_id or ALONE_PREFIX + call_id,
+            now_s,
+            owner=identity.owner,
+            band=self._band(identity),
         )
         program.ended = True  # it leaves the table with its only call
         call = Call(call_id, program, program.thread(None), now_s, identity=identity)
@@ -184,7 +187,7 @@ class ProgramScheduler:
         """The call as part of its program; None if the policy cannot place it."""
         assert identity.program_id is not None
         program = self.table.open(
-            identity.program_id, now_s, owner=identity.owner, band=identity.priority
+            identity.program_id, now_s, owner=identity.owner, band=self._band(identity)
         )
         if not program.busy and program.last_completion_s is not None:
             program.gaps += 1  # it was idle, in a tool, since its last call ended
@@ -201,6 +204,9 @@ class ProgramScheduler:
             return None
         call.base = base
         return call
+
+    def _band(self, identity: CallIdentity) -> int:
+        return self.config.tenants.band(identity.owner, identity.priority)
 
     def _admit(self, call: Call, prompt_tokens: int, payload: Any) -> Call:
         """Give a placed call its level and count it in flight."""
