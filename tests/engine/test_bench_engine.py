@@ -356,14 +356,16 @@ async def test_derived_identity_groups_each_conversation_into_one_router_program
 
 @pytest.mark.engine
 def test_a_three_way_bench_reports_each_candidate_against_stock_fcfs(capsys):
-    """Stock vLLM, the default and a peer, one engine after another on the tiny
-    model (about four minutes on a loaded 2-core machine)."""
-    code = main(["bench", "engine", "--model", "tiny", "--programs", "3", "--json",
-                 "--schedulers", "vllm,autellix,thunderagent"])  # fmt: skip
+    """Stock vLLM, the default and a peer on the tiny model, side by side: three
+    engines started at once, each with its share of the cores (under two minutes on
+    a loaded 2-core machine; one after another, about four)."""
+    code = main(["bench", "engine", "--model", "tiny", "--programs", "3", "--side-by-side",
+                 "--json", "--schedulers", "vllm,autellix,thunderagent"])  # fmt: skip
     out, _ = capsys.readouterr()
     assert code == 0
     result = json.loads(out)
     assert result["settings"]["schedulers"] == ["vllm", "autellix", "thunderagent"]
+    assert result["settings"]["side_by_side"] is True
     baseline, candidates = result["baseline"], result["candidates"]
     assert (baseline["entry"], baseline["scheduler"], baseline["policy"]) == ("vllm", "vllm", None)
     assert "ratios" not in baseline and baseline["programs"] == 3
