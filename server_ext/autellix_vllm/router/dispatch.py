@@ -44,7 +44,6 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -75,10 +74,8 @@ from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.metrics import RouterMetrics
 from autellix_vllm.router.programs import ProgramRecord, ProgramTable
 from autellix_vllm.router.timeline import CallSpan
+from autellix_vllm.router.tracing import TRACE_CONTEXT_HEADERS, ProgramTracer
 from autellix_vllm.router.usage import NO_REPORT, CallReport, SseRelay, read_whole_answer
-
-if TYPE_CHECKING:
-    from autellix_vllm.router.tracing import ProgramTracer
 
 log = logging.getLogger("autellix.router")
 
@@ -319,7 +316,7 @@ class Dispatcher:
             if name.lower() not in _DROPPED_HEADERS
         }
         if trace_headers:
-            headers = {k: v for k, v in headers.items() if k.lower() not in trace_headers}
+            headers = {k: v for k, v in headers.items() if k.lower() not in TRACE_CONTEXT_HEADERS}
             headers.update(trace_headers)
         identity = admitted.identity
         prior_service = self._prior_service(admitted.record, engine)

@@ -51,6 +51,8 @@ log = logging.getLogger("autellix.router")
 DEFAULT_SERVICE_NAME = "autellix-router"
 PROGRAM_SPAN = "autellix.program"
 CALL_SPAN = "autellix.call"
+# W3C trace context: the client's are replaced by the call's own on the way to the engine.
+TRACE_CONTEXT_HEADERS = frozenset({"traceparent", "tracestate"})
 # The only protocol the router exports in (the otel extra's exporter).
 OTLP_PROTOCOL = "http/protobuf"
 # gen_ai.operation.name of each generation path (OpenTelemetry's GenAI conventions).
