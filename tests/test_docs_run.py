@@ -112,6 +112,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
         PARSE, "needs engines on those ports"),
     "autellix ps --url http://127.0.0.1:8000": (RUN, "PROGRAM"),
     "autellix ps --all": (RUN, "ended programs"),
+    "autellix ps demo-agent --url http://127.0.0.1:8765 --chrome-trace trace.json": (
+        PARSE, _SERVER),
     "pip install \"torch==2.13.0\" && pip install '.[cpu,ray]'": (PARSE, "installs packages"),
     "pip install 'autellix[otel]'": (PARSE, "installs packages"),
     "autellix ray-serve --model tiny --replicas 2": (PARSE, "starts a Ray cluster and engines"),
