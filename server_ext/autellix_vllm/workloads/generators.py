@@ -157,7 +157,7 @@ WORKLOAD_SPECS: dict[str, WorkloadSpec] = {
         ),
         WorkloadSpec(
             "chat", "chat logs: mostly one-turn conversations, think time between turns",
-            programs=1000, sweep_seconds=300.0, program=chat, max_context=CHAT_MAX_CONTEXT,
+            programs=1000, sweep_seconds=150.0, program=chat, max_context=CHAT_MAX_CONTEXT,
         ),
     )
 }  # fmt: skip
