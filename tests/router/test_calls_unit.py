@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from autellix_vllm.cli.ps import format_table, human_duration
@@ -245,3 +247,20 @@ def test_the_overhead_benchmark_reads_a_histograms_median():
     median = histogram_median_ms(text, "autellix_router_proxy_overhead_seconds")
     assert 0.1 <= median <= 0.25  # two of four samples lie in (0.1 ms, 0.25 ms]
     assert histogram_median_ms("", "autellix_router_proxy_overhead_seconds") is None
+
+
+def test_reading_calls_loads_no_aiohttp_until_the_app_is_asked_for():
+    """The plain modules the Ray ingress shares load without the HTTP server's
+    library; the package's ``create_app`` still imports it on first use."""
+    check = (
+        "import sys\n"
+        "import autellix_vllm.router.calls, autellix_vllm.router.params\n"
+        "import autellix_vllm.router.admission, autellix_vllm.router.usage\n"
+        "assert 'aiohttp' not in sys.modules, 'aiohttp loaded early'\n"
+        "from autellix_vllm.router import create_app\n"
+        "assert 'aiohttp' in sys.modules and callable(create_app)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr

@@ -14,7 +14,24 @@ process table), ``engines`` (health and load), ``metrics``, ``config``,
 (``autellix ps``, ``top``, the router benchmark).
 """
 
-from autellix_vllm.router.app import create_app, serve_router
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from autellix_vllm.router.config import RouterConfig
 
+if TYPE_CHECKING:
+    from autellix_vllm.router.app import create_app, serve_router
+
 __all__ = ["RouterConfig", "create_app", "serve_router"]
+
+# Loaded on first use: the plain modules (calls, params, errors, admission ...),
+# which the Ray ingress reads too, then import without aiohttp.
+_IN_APP = {"create_app", "serve_router"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _IN_APP:
+        return getattr(importlib.import_module("autellix_vllm.router.app"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -48,8 +48,8 @@ def openai_errors(metrics: RouterMetrics, max_body_bytes: int) -> Middleware:
             return _answer(_from_http_error(http_error, request, max_body_bytes), request, metrics)
         except Exception:
             log.exception("%s %r failed", request.method, request.raw_path[:200])
-            error = ApiError(500, "the router failed to handle the request", "internal_error")
-            return _answer(error, request, metrics)
+            failure = ApiError(500, "the router failed to handle the request", "internal_error")
+            return _answer(failure, request, metrics)
 
     return middleware
 

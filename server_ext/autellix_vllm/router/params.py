@@ -6,6 +6,8 @@ Plain Python: the router's routes (``routes``) and the Ray Serve ingress
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from autellix_vllm.router.errors import ApiError
 
 MAX_NAME_LENGTH = 256
@@ -28,9 +30,13 @@ def program_name(name: object) -> str | None:
     return name
 
 
+# A parameter's default: with an int default the value is an int.
+Default = TypeVar("Default", int, None)
+
+
 def query_int(
-    text: str | None, name: str, default: int | None, low: int, high: int | None
-) -> int | None:
+    text: str | None, name: str, default: Default, low: int, high: int | None
+) -> int | Default:
     """The query parameter ``name`` (``text``, None if absent) as an integer from
     ``low`` to ``high`` (None: no upper bound); a 400 ``invalid_parameter`` if not."""
     if text is None:

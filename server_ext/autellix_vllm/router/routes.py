@@ -40,7 +40,13 @@ from autellix_vllm.router.calls import parse_json_object, read_call
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import Client
 from autellix_vllm.router.middlewares import caller
-from autellix_vllm.router.params import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, program_name, query_int
+from autellix_vllm.router.params import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    Default,
+    program_name,
+    query_int,
+)
 from autellix_vllm.router.state import STATE, RouterState
 
 END_ON_ENGINE_TIMEOUT_S = 5.0
@@ -193,8 +199,8 @@ async def list_programs(request: web.Request) -> web.Response:
 
 
 def _query_int(
-    request: web.Request, name: str, default: int | None, low: int, high: int | None
-) -> int | None:
+    request: web.Request, name: str, default: Default, low: int, high: int | None
+) -> int | Default:
     return query_int(request.query.get(name), name, default, low, high)
 
 
