@@ -4,7 +4,8 @@ its peers.
 The benchmark starts the real engine once per entry of ``schedulers`` (same
 model, flags and workload; only the scheduling differs) and replays one
 workload of concurrent multi-call programs through the OpenAI completions API:
-a seeded workload of the simulator's, or any JSONL trace in its format
+a seeded workload of the simulator's, or a JSONL trace in its format or one it
+imports (Mooncake's, Dynamo's: workloads.trace_formats)
 (``trace``). An entry is a scheduler (``vllm`` or ``fcfs``: stock vLLM;
 ``autellix``: the Autellix scheduler under ``policy``) or a policy the Autellix
 scheduler runs (a peer such as ``thunderagent``, :func:`entry_engine`). The
@@ -100,8 +101,9 @@ from autellix_vllm.registry import unknown
 from autellix_vllm.router.admin_client import fetch_table
 from autellix_vllm.sim.sweep import text_table
 from autellix_vllm.stats import percentile, tails
-from autellix_vllm.workloads import at_rate, generate, get_workload, load_trace
+from autellix_vllm.workloads import at_rate, generate, get_workload
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec
+from autellix_vllm.workloads.trace_formats import import_trace
 
 PROMPT_HEADROOM = 8  # tokens kept free below max_model_len
 # Tokens the chat template adds around each message's text (ChatML, SmolLM2's:
@@ -213,7 +215,7 @@ def build_workload(settings: BenchSettings) -> list[ProgramSpec]:
     arrivals and gaps as recorded (arrivals rescaled to ``settings.rate`` if set).
     """
     if settings.trace is not None:
-        programs = sorted(load_trace(settings.trace), key=lambda p: p.arrival)
+        programs = sorted(import_trace(settings.trace), key=lambda p: p.arrival)
         programs = [_fitted(p, settings) for p in programs[: settings.programs]]
         return at_rate(programs, _rate_scale(programs, settings.rate))
     if settings.programs is None:

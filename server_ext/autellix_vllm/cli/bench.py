@@ -112,7 +112,8 @@ def _add_workload_arguments(
     )  # fmt: skip
     parser.add_argument(
         "--trace", type=Path, metavar="FILE",
-        help="replay this JSONL trace (the simulator's format) instead of --workload"
+        help="replay this JSONL trace (the simulator's, Mooncake's or Dynamo's format, detected)"
+        " instead of --workload"
         " (default: none)",
     )  # fmt: skip
     parser.add_argument(
