@@ -133,6 +133,7 @@ class ProgramTracer:
         from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+        # The OpenTelemetry API, imported only by a router that traces (as the SDK is).
         self._trace = trace
         self.provider = provider
         self.tracer = provider.get_tracer("autellix.router")
