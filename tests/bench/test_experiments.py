@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 from autellix_vllm.policy.policies import POLICIES
 from autellix_vllm.sim.presets import PRESETS
+from autellix_vllm.workloads import generate
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "bench" / "experiments"
 
@@ -165,3 +166,25 @@ def test_the_size_aware_orders_rank_by_the_known_distribution(capsys):
     assert set(rates) == {"vllm-opt", "gittins", "autellix-gittins-kind"}
     assert min(rates.values()) > 0
     assert known == POLICIES  # registered for the run only
+
+
+def test_the_tenants_experiment_reports_each_target_per_seed(capsys):
+    args = ["--window", "4", "--seeds", "0", "--workers", "1", "--max-num-seqs", "8"]
+    assert experiment("tenants").main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    (row,) = result["seeds"]
+    assert row["interactive_p95_alone"] > 0
+    for ratio in ("interactive_p95_ratio", "batch_throughput_ratio", "split_service_ratio"):
+        assert row[ratio] > 0
+    assert result["worst_batch_throughput_ratio"] == row["batch_throughput_ratio"]
+
+
+def test_a_split_program_is_one_program_per_call_arriving_open_loop():
+    tenants = experiment("tenants")
+    (program,) = generate("bfcl", 1, 1.0, 0)
+    pieces = tenants.split([program], "a100-llama8b")
+    assert len(pieces) == len(program.calls)
+    assert all(len(p.calls) == 1 and not p.calls[0].after for p in pieces)
+    arrivals = [p.arrival for p in pieces]
+    assert arrivals == sorted(arrivals) and arrivals[0] >= program.arrival
+    assert arrivals[-1] > program.arrival  # a chain's later calls come later

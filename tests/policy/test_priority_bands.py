@@ -162,3 +162,18 @@ def test_an_owner_may_have_a_band_of_its_own_that_a_stated_band_overrides():
     assert arrive(core, "o1", "o1", owner="other").band == 0
     with pytest.raises(ValueError):
         TenantConfig(bands={"nightly": -1})
+
+
+def test_a_better_band_displaces_a_worse_bands_call_before_it_paid_for_its_prompt():
+    core = make()
+    batch = core.add_call(
+        CallIdentity("batch", call_id="b1", priority=1), now_s=0.0, prompt_tokens=900
+    )
+    core.enqueue(batch)
+    core.start(batch)
+    core.charge(batch, decode_tokens=1)  # far from paying for its 900-token prompt
+    same_band = arrive(core, "other-batch", "b2", priority=1)
+    assert core.victims([batch], free_seats=0) == []  # one band: the policy's rules
+    core.remove(same_band)
+    arrive(core, "chat", "i1")
+    assert core.victims([batch], free_seats=0) == [batch]

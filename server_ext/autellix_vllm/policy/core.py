@@ -361,7 +361,7 @@ class ProgramScheduler:
         """The running call to preempt first: the worst rank."""
         return max(running, key=self.rank)
 
-    def displaceable(self, running: Iterable[Call]) -> list[Call]:
+    def displaceable(self, running: Iterable[Call], waiting_band: int | None = None) -> list[Call]:
         """The running calls a better waiting call may displace: those that have
         decoded, since they were admitted, at least their prompt's service
         (``prompt_tokens`` at the meter's prefill weight).
@@ -374,10 +374,17 @@ class ProgramScheduler:
         the call did. Without it, a late program's first call is demoted by its
         own prompt during its prefill, and the next new program takes its seat
         just after the prefill (docs/scheduling.md, "Levels").
-        Preemption for lack of KV blocks is not bound by this rule.
+        Preemption for lack of KV blocks is not bound by this rule, nor is a call
+        of a band worse than ``waiting_band`` (the best waiting call's): a class
+        goes first whatever the worse class's call has done.
         """
         weight = self.meter.prefill_weight
-        return [c for c in running if c.decoded_since_start >= weight * c.prompt_tokens]
+        worse = math.inf if waiting_band is None else waiting_band
+        return [
+            c
+            for c in running
+            if c.band > worse or c.decoded_since_start >= weight * c.prompt_tokens
+        ]
 
     def victims(
         self,
@@ -394,9 +401,10 @@ class ProgramScheduler:
         waiters it admits count: a call that would not be admitted displaces
         nobody.
         """
-        if not self.waiting:
+        best = self.waiting.peek()
+        if best is None:
             return []
-        running = self.displaceable(running)
+        running = self.displaceable(running, best.band)
         if not running:
             return []
         free_seats = max(free_seats, 0)

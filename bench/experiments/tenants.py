@@ -1,0 +1,210 @@
+"""Priority classes and the fair share between keys, against issue 40's targets.
+
+Every key's programs come from ``--workload`` at a rate in multiples of the
+pool's capacity (``--capacity``, programs/s the pool completes when flooded);
+each of the three cases spans ``--window`` seconds of arrivals. Per seed:
+
+* **classes**: an interactive key at ``--interactive-load`` x capacity, alone
+  and beside a batch key's flood at ``--flood`` x capacity in band 1 (the
+  batch key's class, ``TenantConfig.bands``). Target: the interactive key's
+  P95 program latency with the flood within 1.2x of alone. Shown beside it:
+  the same flood without classes (both keys one owner: today's order).
+* **throughput**: the batch key's flood beside a little interactive load
+  (``--little-load``); the batch key's throughput (its decode tokens over the
+  span from its first arrival to its last completion) with classes over
+  without. Target: >= 0.9.
+* **split**: two keys of equal weight, each at half of ``--flood``; key ``a``
+  runs its agents as programs, key ``b`` sends every call as a program of its
+  own. Key ``b``'s calls arrive open-loop, when each would start on an idle
+  pool (its program's arrival plus the tool gaps and the preset's unloaded
+  call times before it), so it does not slow down under load: a harder flood
+  than a client that waits for its answers. Service is the decode tokens of
+  the programs each key completed by the time the first key completed all of
+  its own. Targets: b's service within 10% of a's, and a's P95 program latency
+  within 1.1x of the run where both keys run programs. Shown beside it: the
+  same with one owner for both (today's order, no share).
+
+    python bench/experiments/tenants.py --seeds 10,11,12,13,14
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from autellix_vllm.policy import DEFAULT_POLICY, PolicyConfig, TenantConfig
+from autellix_vllm.sim.presets import PRESETS
+from autellix_vllm.sim.run import SimResult, simulate
+from autellix_vllm.stats import percentile
+from autellix_vllm.workloads import ProgramSpec, generate
+
+INTERACTIVE, BATCH = "interactive", "batch"
+AGENTS, SPLITTER = "a", "b"
+# The owner every program has when a run shows today's order (no classes, no share).
+ONE_OWNER = "everyone"
+
+
+def programs_of(args: argparse.Namespace, key: str, load: float, seed: int) -> list[ProgramSpec]:
+    """``key``'s programs: ``load`` x capacity over the window, ids prefixed by the key."""
+    count = max(1, round(load * args.capacity * args.window))
+    generated = generate(args.workload, count, load * args.capacity, seed)
+    return [replace(p, program_id=f"{key}:{p.program_id}", owner=key) for p in generated]
+
+
+def split(programs: Iterable[ProgramSpec], preset: str) -> list[ProgramSpec]:
+    """Each call as a program of its own, arriving when it would start on an idle
+    pool (open-loop: see the module docstring)."""
+    engine = PRESETS[preset]
+    out = []
+    for program in programs:
+        ends: dict[str, float] = {}
+        for call in program.calls:  # in dependency order, as traces list them
+            start = max((ends[a] for a in call.after), default=0.0) + call.tool_gap
+            unloaded = engine.per_prefill * call.prompt_tokens
+            ends[call.id] = start + unloaded + engine.step_base * call.decode_tokens
+            alone = replace(call, after=(), tool_gap=0.0, thread="main", parent_thread=None,
+                            context=None)  # fmt: skip
+            out.append(replace(program, program_id=f"{program.program_id}/{call.id}",
+                               arrival=program.arrival + start, calls=(alone,)))  # fmt: skip
+    return sorted(out, key=lambda p: p.arrival)
+
+
+def run(case: tuple[list[ProgramSpec], bool, argparse.Namespace]) -> dict[str, Any]:
+    """One simulation; ``owned``: each program keeps its key as owner (else one owner).
+
+    Returns per key: P95 program latency, throughput and (end, tokens) per program.
+    """
+    programs, owned, args = case
+    key_of = {p.program_id: p.owner for p in programs}
+    if not owned:
+        programs = [replace(p, owner=ONE_OWNER) for p in programs]
+    tenants = TenantConfig(bands={BATCH: 1}, band_aging_s=args.band_aging_s)
+    result: SimResult = simulate(
+        sorted(programs, key=lambda p: p.arrival), args.policy, preset=args.preset,
+        max_num_seqs=args.max_num_seqs, config=PolicyConfig(tenants=tenants),
+    )  # fmt: skip
+    per_key: dict[str, dict[str, Any]] = {}
+    for p in programs:
+        entry = per_key.setdefault(
+            key_of[p.program_id], {"latency": [], "done": [], "first": p.arrival}
+        )
+        latency = result.program_latency[p.program_id]
+        entry["latency"].append(latency)
+        entry["done"].append((p.arrival + latency, p.decode_tokens))
+        entry["first"] = min(entry["first"], p.arrival)
+    out = {}
+    for key, entry in per_key.items():
+        last = max(end for end, _ in entry["done"])
+        tokens = sum(t for _, t in entry["done"])
+        out[key] = {
+            "p95": percentile(sorted(entry["latency"]), 95),
+            "throughput": tokens / (last - entry["first"]),
+            "last": last,
+            "done": entry["done"],
+        }
+    return out
+
+
+def served_by(keys: dict[str, Any]) -> dict[str, int]:
+    """Decode tokens each key completed by the time the first key completed all."""
+    until = min(k["last"] for k in keys.values())
+    return {key: sum(t for end, t in k["done"] if end <= until) for key, k in keys.items()}
+
+
+def cases_of(seed: int, args: argparse.Namespace) -> dict[str, tuple[list[ProgramSpec], bool]]:
+    interactive = programs_of(args, INTERACTIVE, args.interactive_load, seed)
+    little = programs_of(args, INTERACTIVE, args.little_load, seed)
+    flood = programs_of(args, BATCH, args.flood, seed + 1000)
+    agents = programs_of(args, AGENTS, args.flood / 2, seed + 2000)
+    splitter = programs_of(args, SPLITTER, args.flood / 2, seed + 3000)
+    splitting = split(splitter, args.preset)
+    return {
+        "alone": (interactive, True),
+        "flood_classes": (interactive + flood, True),
+        "flood_today": (interactive + flood, False),
+        "little_classes": (little + flood, True),
+        "little_today": (little + flood, False),
+        "behave": (agents + splitter, True),
+        "split_share": (agents + splitting, True),
+        "split_today": (agents + splitting, False),
+    }
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    names = list(cases_of(args.seeds[0], args))
+    cases = [(*cases_of(seed, args)[name], args) for seed in args.seeds for name in names]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        results = list(pool.map(run, cases))
+    rows = []
+    for k, seed in enumerate(args.seeds):
+        r = dict(zip(names, results[k * len(names) : (k + 1) * len(names)], strict=True))
+        alone = r["alone"][INTERACTIVE]["p95"]
+        share, today = served_by(r["split_share"]), served_by(r["split_today"])
+        rows.append({
+            "seed": seed,
+            "interactive_p95_alone": alone,
+            "interactive_p95_ratio": r["flood_classes"][INTERACTIVE]["p95"] / alone,
+            "interactive_p95_ratio_today": r["flood_today"][INTERACTIVE]["p95"] / alone,
+            "batch_throughput_ratio": (
+                r["little_classes"][BATCH]["throughput"] / r["little_today"][BATCH]["throughput"]
+            ),
+            "split_service_ratio": share[SPLITTER] / share[AGENTS],
+            "split_service_ratio_today": today[SPLITTER] / today[AGENTS],
+            "agents_p95_ratio": r["split_share"][AGENTS]["p95"] / r["behave"][AGENTS]["p95"],
+            "agents_p95_ratio_today": (
+                r["split_today"][AGENTS]["p95"] / r["behave"][AGENTS]["p95"]
+            ),
+        })  # fmt: skip
+    summary = {
+        f"worst_{name}": max(row[name] for row in rows)
+        for name in ("interactive_p95_ratio", "agents_p95_ratio")
+    }
+    summary["worst_batch_throughput_ratio"] = min(r["batch_throughput_ratio"] for r in rows)
+    summary["worst_split_service_gap"] = max(abs(r["split_service_ratio"] - 1) for r in rows)
+    summary["mean_split_service_ratio_today"] = statistics.fmean(
+        r["split_service_ratio_today"] for r in rows
+    )
+    return {"seeds": rows, **summary}
+
+
+def _seeds(text: str) -> list[int]:
+    return [int(seed) for seed in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--workload", default="bfcl", help="(default: %(default)s)")
+    add("--preset", default="a100-llama8b", help="(default: %(default)s)")
+    add("--policy", default=DEFAULT_POLICY, help="(default: %(default)s)")
+    add("--max-num-seqs", type=int, default=None, help="seats (default: the preset's)")
+    add(
+        "--capacity",
+        type=float,
+        default=3.5,
+        help="programs/s of the workload the pool completes when flooded (default: %(default)s)",
+    )
+    add("--window", type=float, default=60.0, help="seconds of arrivals (default: %(default)s)")
+    add("--interactive-load", type=float, default=0.3, help="x capacity (default: %(default)s)")
+    add("--little-load", type=float, default=0.05, help="x capacity (default: %(default)s)")
+    add("--flood", type=float, default=2.0, help="x capacity (default: %(default)s)")
+    add(
+        "--band-aging-s",
+        type=float,
+        default=TenantConfig.band_aging_s,
+        help="(default: %(default)s)",
+    )
+    add("--seeds", type=_seeds, default=[0, 1, 2, 3, 4], help="SEED,... (default: 0,1,2,3,4)")
+    add("--workers", type=int, default=2, help="(default: %(default)s)")  # fmt: skip
+    args = parser.parse_args(argv)
+    print(json.dumps(compare(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
