@@ -2,7 +2,7 @@
 
 import pytest
 from autellix_vllm.sim import generate, simulate
-from autellix_vllm.sim.engine_model import ProgramRun
+from autellix_vllm.sim.jobs import ProgramRun
 from autellix_vllm.sim.run import LatencyBound
 
 

@@ -21,8 +21,8 @@ from ..policy import (
 )
 from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..sim.presets import PRESETS
-from ..sim.run import SIM_POLICIES, simulate
-from ..workloads import WORKLOAD_SPECS, generate, get_workload
+from ..sim.run import SIM_POLICIES
+from ..workloads import WORKLOAD_SPECS, get_workload
 from ..workloads.trace_formats import AUTO, TRACE_FORMATS, import_trace
 
 # The units of ``simulate run``'s results, printed after each value.
@@ -288,27 +288,21 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    config = _config(args)
+    from ..sim.sweep import SweepSetup
+
+    setup = SweepSetup(
+        args.workload, args.seed, args.engines, args.preset, args.max_num_seqs, _config(args),
+        duration=0.0,  # a fixed count of programs, not a window of arrivals
+        programs=args.programs or get_workload(args.workload).programs,
+        kv_offload_gib=args.kv_offload_gib, max_context=args.max_context,
+        end_programs=args.end_programs, retention_hints=args.retention_hints,
+        locality_threshold=args.locality_threshold, table_sync_s=args.table_sync_s,
+    )  # fmt: skip
     try:
-        if args.trace:
-            programs = import_trace(args.trace, args.trace_format)
-        else:
-            n = args.programs or get_workload(args.workload).programs
-            programs = generate(args.workload, n, args.rate, args.seed, args.max_context)
-        result = simulate(
-            programs,
-            args.policy,
-            engines=args.engines,
-            lb=args.lb,
-            locality_threshold=args.locality_threshold,
-            preset=args.preset,
-            max_num_seqs=args.max_num_seqs,
-            config=config,
-            kv_offload_gib=args.kv_offload_gib,
-            end_programs=args.end_programs,
-            retention_hints=args.retention_hints,
-            table_sync_s=args.table_sync_s,
+        programs = (
+            import_trace(args.trace, args.trace_format) if args.trace else setup.trace(args.rate)
         )
+        result = setup.simulate(programs, args.policy, args.lb)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     source = {"trace": args.trace} if args.trace else {"workload": args.workload, "rate": args.rate}

@@ -42,7 +42,8 @@ from ..registry import lookup
 from ..stats import percentile, tails
 from ..workloads.trace import CallSpec, ProgramSpec
 from .directory import ServiceTable
-from .engine_model import Job, ProgramRun, SimEngine
+from .engine_model import SimEngine
+from .jobs import Job, ProgramRun
 from .presets import EnginePreset, get_preset
 
 # Simulator policy name -> (policy core name, prefix caching on?). `vllm` and

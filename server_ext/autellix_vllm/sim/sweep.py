@@ -47,6 +47,9 @@ SEARCH_LIMIT = 8.0  # search no further than 8x the engines' nominal capacity
 
 @dataclass(frozen=True)
 class SweepSetup:
+    """What one run simulates: the engines, the clients, and the trace's recipe (a
+    workload at a rate, over a window of ``duration`` seconds or a fixed count)."""
+
     workload: str
     seed: int
     engines: int
@@ -61,10 +64,30 @@ class SweepSetup:
     end_programs: bool = True  # clients end their programs (see simulate)
     retention_hints: bool = False  # clients send retention hints (see simulate)
     locality_threshold: int = DEFAULT_LOCALITY_THRESHOLD  # the locality balancer's (see simulate)
+    table_sync_s: float | None = None  # the directory's report period (see simulate)
 
     def trace(self, rate: float) -> list[ProgramSpec]:
         count = self.programs or max(1, round(rate * self.duration))
         return generate(self.workload, count, rate, self.seed, self.max_context)
+
+    def simulate(self, programs: list[ProgramSpec], policy: str, lb: str) -> SimResult:
+        """Run ``programs`` under ``policy`` on this setup's engines, balanced by ``lb``;
+        the run stops early past ``slo`` (0: runs in full)."""
+        return simulate(
+            programs,
+            policy,
+            engines=self.engines,
+            lb=lb,
+            locality_threshold=self.locality_threshold,
+            preset=self.preset,
+            max_num_seqs=self.max_num_seqs,
+            config=self.config,
+            stop_above=self.slo or None,  # no SLO yet while measuring it
+            kv_offload_gib=self.kv_offload_gib,
+            end_programs=self.end_programs,
+            retention_hints=self.retention_hints,
+            table_sync_s=self.table_sync_s,
+        )
 
 
 @dataclass
@@ -86,20 +109,7 @@ def run_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> dict[str, An
 
 def simulate_at(setup: SweepSetup, policy: str, lb: str, rate: float) -> SimResult:
     """:func:`run_at`, with each program's latency too."""
-    return simulate(
-        setup.trace(rate),
-        policy,
-        engines=setup.engines,
-        lb=lb,
-        locality_threshold=setup.locality_threshold,
-        preset=setup.preset,
-        max_num_seqs=setup.max_num_seqs,
-        config=setup.config,
-        stop_above=setup.slo or None,  # no SLO yet while measuring it
-        kv_offload_gib=setup.kv_offload_gib,
-        end_programs=setup.end_programs,
-        retention_hints=setup.retention_hints,
-    )
+    return setup.simulate(setup.trace(rate), policy, lb)
 
 
 def unloaded_average(setup: SweepSetup, policy: str, lb: str) -> float:

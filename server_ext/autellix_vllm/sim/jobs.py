@@ -1,0 +1,59 @@
+"""What the simulator replays: programs and their calls on an engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..policy import Call
+from ..workloads.trace import CallSpec
+
+
+@dataclass(eq=False)
+class ProgramRun:
+    """A program being replayed: what is done and what is left."""
+
+    program_id: str
+    arrival: float
+    calls_left: int
+    decode_total: int
+    remaining_work: float  # decode tokens still to produce (the SRPT oracle's view)
+    owner: str | None = None  # who runs it (None: the anonymous owner)
+    end: float = 0.0
+    done: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """One call on one engine."""
+
+    spec: CallSpec
+    program: ProgramRun
+    call: Call | None = None
+    prompt: int = 0  # at least one token, as in vLLM
+    computed: int = 0  # tokens whose KV exists (prefix hit + prefilled + decoded)
+    decoded: int = 0
+    hit_blocks: int = 0  # leading blocks shared with the context's cached prefix
+    own_blocks: int = 0
+    wait_since: float = 0.0
+    wait_s: float = 0.0
+    first_token_at: float | None = None  # when its first token was sampled
+    ready_at: float = 0.0  # when its KV has loaded from the host tier
+    context: str = ""  # the prefix cache's key: the program, or one of its subagents
+    # The client's retention hint (``expect_tool``): seconds until the context's next
+    # call, sent with this call; None: no hint, the residency estimates.
+    retention_hint_s: float | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt = max(self.spec.prompt_tokens, 1)
+        pid = self.program.program_id
+        self.context = pid if self.spec.context is None else f"{pid}/{self.spec.context}"
+
+    @property
+    def missing(self) -> int:
+        """Tokens without KV yet: the prompt and, once decoding, the last sampled
+        token. After a preemption, everything again."""
+        return self.prompt + self.decoded - self.computed
+
+    @property
+    def decode_left(self) -> int:
+        return self.spec.decode_tokens - self.decoded
