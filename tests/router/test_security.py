@@ -295,8 +295,8 @@ def test_a_keys_file_names_its_keys_and_its_errors_never_show_a_key(tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("# team keys\n\nalice: sk-alice-1\nbob : sk-bob:2  \nsk-bare-3\n")
     loaded = load_api_keys(keys)
-    assert loaded["sk-alice-1"] == "alice" and loaded["sk-bob:2"] == "bob"
-    assert loaded["sk-bare-3"].startswith("key-")  # named after its hash
+    assert loaded["sk-alice-1"].name == "alice" and loaded["sk-bob:2"].name == "bob"
+    assert loaded["sk-bare-3"].name.startswith("key-")  # named after its hash
     bad_files = {
         "alice: sk-1\nbob: sk-1\n": "line 2: the same key is on line 1",
         "# only a comment\n": "no keys in it",

@@ -12,7 +12,10 @@ same rules on either path:
   client sent, if anything; a derived program the table refuses (it is full)
   runs the call without a program, since the client asked for none;
 * the call runs under its program's owner (the key that opened it), else its
-  caller's: that is whose fair share of held KV it draws on, on the engine;
+  caller's: that is whose fair share of service and of held KV it draws on,
+  on the engine;
+* the call's band is the one it asked for, never better than its caller's key
+  allows (``Client.band_for``);
 * an engine is told the program's service over all engines only if it counts
   service in tokens as the table does (:func:`states_prior_service`), at most
   ``ProgramLimits.max_prior_service`` (:func:`prior_service`).
@@ -86,7 +89,10 @@ def admit(
                 identity = named
                 deriver.opened(derived, record)
     owner = record.owner if record is not None else caller.owner
-    return Admitted(record, replace(identity, owner=owner))
+    # The band the call asked for, never better than its key allows; band 0, the
+    # default, goes unstated.
+    band = caller.band_for(identity.priority)
+    return Admitted(record, replace(identity, owner=owner, priority=band or None))
 
 
 def answered(

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autellix_vllm.protocol.identity import (
@@ -71,7 +71,8 @@ class Call:
     stream: bool
     identity: CallIdentity
     """As accepted, never changed after: no prior service or owner (the router
-    states the program's own, ``dispatch``), the retention hint as sent."""
+    states the program's own, ``dispatch``), the retention hint as sent, the
+    band the client asked for (``admission`` states the one its key allows)."""
     prompt_tokens: int
     # Its session headers (router.derived.session_headers), what a program is
     # derived from besides the body when the call names none.
@@ -121,7 +122,9 @@ def read_call(
     if model not in models:
         raise ApiError(404, _unknown_model(model, models), "model_not_found", "model")
     # A client never states the router's fields: the router's edge trusts no one.
-    identity = accepted(_identity(body, headers), may_state=False)
+    # The band it asks for is kept as a request: admission bounds it by the key's.
+    sent = _identity(body, headers)
+    identity = replace(accepted(sent, may_state=False), priority=sent.priority)
     call = Call(
         path=path,
         body=body,

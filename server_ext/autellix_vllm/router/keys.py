@@ -11,6 +11,11 @@ Keys come from three places, all optional:
   comment; a line
   ``name: key`` names its key (the name is split off at the first ``:``, so a
   key that contains ``:`` needs a name), a bare ``key`` is named after its hash;
+  after the key, ``class=C`` gives the key's priority class (its calls' band
+  unless they ask for another) and ``max-class=C`` the best class its calls may
+  ask for (default: its class), each ``interactive``, ``batch`` or a band's
+  number (:func:`~autellix_vllm.protocol.identity.validate_priority`), e.g.
+  ``nightly: sk-... class=batch``;
 * ``admin_key``: sees and ends every program.
 
 With none of them, every caller is :data:`ANONYMOUS`, one owner for all
@@ -24,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autellix_vllm.protocol.identity import ANONYMOUS_OWNER
+from autellix_vllm.protocol.identity import ANONYMOUS_OWNER, IdentityError, validate_priority
 
 MAX_KEY_NAME_LENGTH = 64
 
@@ -36,10 +41,28 @@ class Client:
     owner: str  # stable and not secret: a hash of the key, or "anonymous"
     name: str  # what listings show
     admin: bool = False
+    # Its calls' band unless they ask for another (0, interactive, is the best) ...
+    band: int = 0
+    # ... and the best band they may ask for (never better than this).
+    best_band: int = 0
 
     def may_see(self, owner: str) -> bool:
         """Whether this caller may list, end and call a program ``owner`` opened."""
         return self.admin or owner == self.owner
+
+    def band_for(self, asked: int | None) -> int:
+        """The band the router states for a call that asked for ``asked`` (None:
+        none): any worse band, a better one only up to :attr:`best_band`."""
+        return self.band if asked is None else max(asked, self.best_band)
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """What a keys file says of one key: its name and its classes (bands)."""
+
+    name: str
+    band: int = 0
+    best_band: int = 0
 
 
 ANONYMOUS = Client(owner=ANONYMOUS_OWNER, name="anonymous")
@@ -62,15 +85,16 @@ class KeyRing:
     def build(
         cls,
         api_key: str | None = None,
-        named_keys: Mapping[str, str] | None = None,
+        named_keys: Mapping[str, KeyEntry] | None = None,
         admin_key: str | None = None,
     ) -> KeyRing:
-        """``named_keys`` maps key -> name (from :func:`load_api_keys`)."""
+        """``named_keys`` maps key -> its entry (from :func:`load_api_keys`)."""
         clients: dict[str, Client] = {}
         if api_key is not None:
             clients[api_key] = Client(owner_of(api_key), "default")
-        for key, name in (named_keys or {}).items():
-            clients[key] = Client(owner_of(key), name)
+        for key, entry in (named_keys or {}).items():
+            clients[key] = Client(owner_of(key), entry.name, band=entry.band,
+                                  best_band=entry.best_band)  # fmt: skip
         if admin_key is not None:
             if admin_key in clients:
                 raise ValueError("the admin key must differ from every client key")
@@ -103,8 +127,9 @@ def check_key(key: str, what: str) -> None:
         raise ValueError(f"{what} must not contain spaces or control characters")
 
 
-def load_api_keys(path: str | Path) -> dict[str, str]:
-    """The keys in a keys file: key -> name. Errors name the file and line, never a key."""
+def load_api_keys(path: str | Path) -> dict[str, KeyEntry]:
+    """The keys in a keys file: key -> its entry. Errors name the file and line,
+    never a key."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -112,8 +137,8 @@ def load_api_keys(path: str | Path) -> dict[str, str]:
     return parse_api_keys(text.splitlines(), str(path))
 
 
-def parse_api_keys(lines: Iterable[str], source: str) -> dict[str, str]:
-    keys: dict[str, str] = {}
+def parse_api_keys(lines: Iterable[str], source: str) -> dict[str, KeyEntry]:
+    keys: dict[str, KeyEntry] = {}
     first_line: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):
         where = f"API keys file {source}, line {number}"
@@ -129,14 +154,38 @@ def parse_api_keys(lines: Iterable[str], source: str) -> dict[str, str]:
                 )
         else:
             name, key = "", name
+        key, *options = key.split() or [""]
+        if any("=" not in option for option in options):  # not an option: a key with a space
+            check_key(" ", f"{where}: the key")
         check_key(key, f"{where}: the key")
         if key in first_line:
             raise ValueError(f"{where}: the same key is on line {first_line[key]}")
         first_line[key] = number
-        keys[key] = name or owner_of(key)
+        keys[key] = KeyEntry(name or owner_of(key), *_classes(options, where))
     if not keys:
         raise ValueError(f"API keys file {source}: no keys in it")
     return keys
+
+
+_CLASS_OPTIONS = ("class", "max-class")
+
+
+def _classes(options: Iterable[str], where: str) -> tuple[int, int]:
+    """A key's (band, best band) from its line's ``class=`` and ``max-class=``."""
+    given: dict[str, int] = {}
+    for option in options:
+        field, _, value = option.partition("=")
+        if field not in _CLASS_OPTIONS:
+            raise ValueError(f"{where}: unknown option {field!r}; the options are class, max-class")
+        try:
+            given[field] = validate_priority(value, field)
+        except IdentityError as error:
+            raise ValueError(f"{where}: {error}") from None
+    band = given.get("class", 0)
+    best_band = given.get("max-class", band)
+    if best_band > band:
+        raise ValueError(f"{where}: max-class must be at least as good as class")
+    return band, best_band
 
 
 def _digest(key: str) -> bytes:
