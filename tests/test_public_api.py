@@ -52,7 +52,7 @@ PUBLIC_PATHS: tuple[tuple[str, str], ...] = (
         "current_program", "current_thread", "current_identity", "ThreadIdentity",
         "PROGRAM_ID_HEADER", "THREAD_ID_HEADER", "PARENT_THREAD_ID_HEADER",
         "CALL_ID_HEADER", "SESSION_ID_HEADER", "TRANSIENT_STATUS_CODES",
-        "expect_tool", "RETENTION_TTL_HEADER", "langchain_clients",
+        "expect_tool", "RETENTION_TTL_HEADER", "langchain_clients", "priority", "PRIORITY_HEADER",
     )
 )  # fmt: skip
 

@@ -13,7 +13,7 @@ starts in it is a thread of its own. See docs/sdk.md.
 """
 
 from ._client import AsyncOpenAI, OpenAI
-from ._hints import expect_tool
+from ._hints import expect_tool, priority
 from ._identity import ThreadIdentity, current_identity, current_program, current_thread
 from ._langchain import langchain_clients
 from ._program import ProgramSession, program, session
@@ -21,6 +21,7 @@ from ._retry import TRANSIENT_STATUS_CODES
 from ._tagging import (
     CALL_ID_HEADER,
     PARENT_THREAD_ID_HEADER,
+    PRIORITY_HEADER,
     PROGRAM_ID_HEADER,
     RETENTION_TTL_HEADER,
     SESSION_ID_HEADER,
@@ -42,6 +43,7 @@ __all__ = [
     "forked",
     "bound",
     "expect_tool",
+    "priority",
     "langchain_clients",
     "current_program",
     "current_thread",
@@ -53,5 +55,6 @@ __all__ = [
     "CALL_ID_HEADER",
     "SESSION_ID_HEADER",
     "RETENTION_TTL_HEADER",
+    "PRIORITY_HEADER",
     "TRANSIENT_STATUS_CODES",
 ]

@@ -32,7 +32,7 @@ from typing import Any, Self
 
 import openai
 
-from ._hints import retention_ttl
+from ._hints import current_priority, retention_ttl
 from ._identity import current_identity, new_id, programs_open
 from ._retry import RetryPolicy, worth_retrying
 from ._tagging import tagged_headers
@@ -106,7 +106,7 @@ class _AutellixClientMixin:
         identity = current_identity()
         if identity is not None:
             tagged["headers"] = tagged_headers(
-                options.get("headers"), identity, new_id(), retention_ttl()
+                options.get("headers"), identity, new_id(), retention_ttl(), current_priority()
             )
         elif programs_open():
             warn_if_lost_in_os_thread()

@@ -19,11 +19,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
 import openai
 
 from ._client import newest_async_client, newest_sync_client
+from ._hints import checked_priority
+from ._hints import priority as hinted_priority
 from ._identity import (
     BindToken,
     ThreadIdentity,
@@ -131,7 +134,10 @@ def program(fn: Callable[P, T], /) -> Callable[P, T]: ...
 
 @overload
 def program(
-    *, name: str | None = None, client: AnyOpenAIClient | None = None
+    *,
+    name: str | None = None,
+    client: AnyOpenAIClient | None = None,
+    priority: str | int | None = None,
 ) -> Callable[[Callable[P, T]], Callable[P, T]]: ...
 
 
@@ -141,14 +147,22 @@ def program(
     *,
     name: str | None = None,
     client: AnyOpenAIClient | None = None,
+    priority: str | int | None = None,
 ) -> Callable[P, T] | Callable[[Callable[P, T]], Callable[P, T]]:
     """Run every call of the decorated function as an autellix program.
 
     Works on `async def` and plain functions, as `@program` or
-    `@program(name=..., client=...)`; the program name defaults to the
-    function's name. Called inside another program, the function runs
-    as a child thread (named after it) of the current thread instead.
+    `@program(name=..., client=..., priority=...)`; the program name defaults to
+    the function's name. `priority` is the class its calls ask for, as in
+    `autellix.priority` (None: whatever the caller's code asks for). Called
+    inside another program, the function runs as a child thread (named after
+    it) of the current thread instead.
     """
+    asked = (
+        nullcontext
+        if priority is None
+        else functools.partial(hinted_priority, checked_priority(priority))
+    )
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
@@ -163,14 +177,15 @@ def program(
             @functools.wraps(fn)
             async def run_async_program(*args: P.args, **kwargs: P.kwargs) -> Any:
                 async with ProgramSession(program_name, client=client):
-                    return await fn(*args, **kwargs)
+                    with asked():
+                        return await fn(*args, **kwargs)
 
             # T is the coroutine `fn` returns; the wrapper returns one of the same type.
             return cast(Callable[P, T], run_async_program)
 
         @functools.wraps(fn)
         def run_program(*args: P.args, **kwargs: P.kwargs) -> T:
-            with ProgramSession(program_name, client=client):
+            with ProgramSession(program_name, client=client), asked():
                 return fn(*args, **kwargs)
 
         return run_program

@@ -1,4 +1,5 @@
-"""How identity travels on an LLM call: five HTTP headers (six with a retention hint).
+"""How identity travels on an LLM call: five HTTP headers (and a retention hint
+and a priority class when they are set).
 
 Headers, not body fields: every OpenAI-compatible server ignores headers it does
 not know, while strict ones (OpenAI's own API among them) reject unknown body
@@ -26,12 +27,18 @@ SESSION_ID_HEADER = "X-Session-ID"
 """Read by vLLM (`Request.session_id`) and session-aware routers; carries the program id."""
 RETENTION_TTL_HEADER = "X-Autellix-Retention-Ttl"
 """Seconds the server should keep the program's context after this call (`expect_tool`)."""
+PRIORITY_HEADER = "X-Autellix-Priority"
+"""The priority class the call asks for (`autellix.priority`)."""
 
 
 def identity_headers(
-    identity: ThreadIdentity, call_id: str, retention_ttl_s: float | None = None
+    identity: ThreadIdentity,
+    call_id: str,
+    retention_ttl_s: float | None = None,
+    priority: str | None = None,
 ) -> dict[str, str]:
-    """The headers that carry `identity`, the call id and a retention hint, if any.
+    """The headers that carry `identity`, the call id, and a retention hint and a
+    priority class, if any.
 
     A main thread has no parent: its calls carry an empty parent header.
     """
@@ -44,6 +51,8 @@ def identity_headers(
     }
     if retention_ttl_s is not None:
         headers[RETENTION_TTL_HEADER] = repr(retention_ttl_s)
+    if priority is not None:
+        headers[PRIORITY_HEADER] = priority
     return headers
 
 
@@ -52,9 +61,10 @@ def tagged_headers(
     identity: ThreadIdentity,
     call_id: str,
     retention_ttl_s: float | None = None,
+    priority: str | None = None,
 ) -> dict[str, Any]:
     """`user_headers` plus our headers whose names the user did not set."""
-    ours = identity_headers(identity, call_id, retention_ttl_s)
+    ours = identity_headers(identity, call_id, retention_ttl_s, priority)
     if not user_headers:
         return ours
     taken = {name.lower() for name in user_headers}
