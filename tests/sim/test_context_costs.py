@@ -84,7 +84,10 @@ def test_macro_steps_give_the_results_of_single_steps(monkeypatch, policy, unit,
         assert macro[key] == single[key], key
     for key in ("avg_latency_per_token", "makespan", "total_wait"):
         assert macro[key] == pytest.approx(single[key], rel=1e-9), key
-    assert macro["preemptions"] > 0
+    # KV runs short: calls are preempted, or under the default new programs' first
+    # calls take worse-ranked programs' held blocks instead.
+    assert macro["preemptions"] > 0 or macro["holds_broken"] > 0
+    assert macro.get("holds_broken") == single.get("holds_broken")
     assert macro.get("reloaded_tokens", 0) == single.get("reloaded_tokens", 0)
     # Holds keep autellix-kv's contexts on the GPU here: nothing needs reloading.
     assert macro.get("reloaded_tokens", 0) > 0 or host_gib is None or policy == "autellix"

@@ -1,6 +1,7 @@
 """Client retention hints in the simulator (``simulate(retention_hints=True)``): what a
 client that knows its tools' times sends with each call, and the holds it buys."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -50,8 +51,11 @@ def test_a_hint_longer_than_the_estimate_keeps_the_context_through_the_tool(hint
     A's next call prefills all of it again; with the hint A is still held, B waits
     (the working set), and A's next call hits its 4,000 cached tokens."""
     preset = _tight(kv_blocks=1000)  # 16,000 tokens
-    # No starvation promotion: B waits, breaks nothing.
-    config = PolicyConfig(beta=1e9, residency=ResidencyConfig(ttl_gaps=4.0))
+    # No starvation promotion, and B's first call does not take A's held blocks as a
+    # new program's may (first_call_bound_s): B waits, breaks nothing.
+    config = PolicyConfig(
+        beta=1e9, residency=ResidencyConfig(ttl_gaps=4.0, first_call_bound_s=math.inf)
+    )
     estimate = config.residency.ttl_gaps * config.residency.prior_gap_s
     assert estimate < 10 < 20 <= config.residency.max_ttl_s
     a = ProgramSpec("A", 0.0, (
