@@ -136,6 +136,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "python bench/experiments/size_bound.py --workload agent --preset a100-llama8b-kv"
     " --kv-offload-gib 256 --seeds 0,1,10 --policies vllm-opt,autellix,srpt --orders gittins": (
         PARSE, "sweeps of minutes"),
+    "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
+    " --preset a100-llama8b-kv --max-num-seqs 32": (PARSE, "simulations of minutes"),
+    "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
+    " --preset a100-llama8b-kv --max-num-seqs 256": (PARSE, "simulations of minutes"),
     # docs/simulator.md
     "python bench/experiments/table_staleness.py --engines 16 --seeds 10-14 --duration 10": (
         PARSE, "simulations of minutes"),

@@ -176,7 +176,7 @@ def _seeds(text: str) -> list[int]:
     return [int(seed) for seed in text.split(",")]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
     add("--workload", default="bfcl", help="(default: %(default)s)")
@@ -201,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     add("--seeds", type=_seeds, default=[0, 1, 2, 3, 4], help="SEED,... (default: 0,1,2,3,4)")
     add("--workers", type=int, default=2, help="(default: %(default)s)")  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     print(json.dumps(compare(args)))
     return 0
 
