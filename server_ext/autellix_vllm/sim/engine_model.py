@@ -201,6 +201,7 @@ class SimEngine:
             call_id=spec.id,
             prior_service=prior_service,
             owner=job.program.owner,
+            priority=job.program.priority,
         )
         job.call = self.core.add_call(identity, now, prompt_tokens=spec.prompt_tokens, payload=job)
         self.hold_shares.owners.add(job.call.program.owner)

@@ -18,6 +18,7 @@ class ProgramRun:
     decode_total: int
     remaining_work: float  # decode tokens still to produce (the SRPT oracle's view)
     owner: str | None = None  # who runs it (None: the anonymous owner)
+    priority: int | None = None  # its band (None: its owner's)
     end: float = 0.0
     done: set[str] = field(default_factory=set)
 

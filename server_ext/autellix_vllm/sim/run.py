@@ -204,6 +204,7 @@ class Simulation:
             program.decode_tokens,
             float(program.decode_tokens),
             owner=program.owner,
+            priority=program.priority,
         )
         self.runs[program.program_id] = run
         if program.owner in self.greedy_owners:

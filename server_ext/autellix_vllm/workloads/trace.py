@@ -12,7 +12,10 @@ are all expressible. A call's prompt extends the program's one context (the
 token sequence its prefix cache holds) unless it names another with
 ``"context"``, as a subagent with a fresh context of its own does. Extra keys are
 allowed and ignored; an optional ``"owner"`` names who runs the program (the
-router's key owner; without it, the anonymous owner).
+router's key owner; without it, the anonymous owner), and an optional
+``"priority"`` its class: ``"interactive"``, ``"batch"`` or a band's number
+(:func:`~autellix_vllm.protocol.identity.validate_priority`; without it, the
+owner's band, ``TenantConfig.bands``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..protocol.identity import IdentityError, validate_priority
 
 
 class TraceError(ValueError):
@@ -49,6 +54,7 @@ class ProgramSpec:
     kind: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     owner: str | None = None  # who runs it (None: the anonymous owner)
+    priority: int | None = None  # its band (None: its owner's)
 
     @property
     def decode_tokens(self) -> int:
@@ -67,6 +73,8 @@ class ProgramSpec:
         }
         if self.owner is not None:
             out["owner"] = self.owner
+        if self.priority is not None:
+            out["priority"] = self.priority
         return json.dumps(out)
 
 
@@ -148,7 +156,15 @@ def parse_program(obj: Any, where: str) -> ProgramSpec:
     owner = obj.get("owner")
     if owner is not None and (not isinstance(owner, str) or not owner):
         raise TraceError(f"{where}: 'owner' must be a non-empty string")
-    return ProgramSpec(pid, arrival, tuple(calls), kind=str(obj.get("kind", "")), owner=owner)
+    priority = obj.get("priority")
+    if priority is not None:
+        try:
+            priority = validate_priority(priority, "priority")
+        except IdentityError as error:
+            raise TraceError(f"{where}: {error}") from None
+    return ProgramSpec(
+        pid, arrival, tuple(calls), kind=str(obj.get("kind", "")), owner=owner, priority=priority
+    )
 
 
 def read_rows(path: str | Path) -> list[tuple[str, Any]]:
