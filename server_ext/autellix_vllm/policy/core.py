@@ -100,9 +100,6 @@ class OwnerShares:
     def charge(self, owner: str, amount: float) -> None:
         self._share[owner] = self.share(owner) + amount / self.config.weight(owner)
 
-    def snapshot(self) -> dict[str, float]:
-        return dict(self._share)
-
 
 class ProgramScheduler:
     """Ranks calls by their program's attained service (PLAS/ATLAS and baselines)."""
@@ -646,8 +643,6 @@ class ProgramScheduler:
             "programs_count": len(self.table),
             "queue_depth": depth,
             "waiting": len(self.waiting),
-            # Each owner's attained service over its weight (OwnerShares).
-            "owner_shares": self.shares.snapshot(),
             **vars(self.counters),
             "calls_over_limit": dict(self.table.calls_over_limit),
             "hook_failures": dict(self.faults.counts),
