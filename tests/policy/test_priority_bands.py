@@ -177,3 +177,16 @@ def test_a_better_band_displaces_a_worse_bands_call_before_it_paid_for_its_promp
     core.remove(same_band)
     arrive(core, "chat", "i1")
     assert core.victims([batch], free_seats=0) == [batch]
+
+
+def test_a_worse_bands_program_stands_behind_every_level_of_a_better_band():
+    """Holds of idle contexts and vLLM's own priority compare standings."""
+    core = make()
+    serve(core, arrive(core, "long", "l0"), 5000)  # the last level
+    batch = arrive(core, "batch", "b0", priority=1)  # no service: level 0
+    long_program = core.table.get("long")
+    assert core.program_level(long_program) == len(LEVELS) - 1
+    assert core.program_level(batch.program) == len(LEVELS)
+    assert core.standing(batch) == len(LEVELS) + batch.level
+    interactive = arrive(core, "long", "l1")
+    assert core.standing(interactive) == interactive.level  # one band: the level

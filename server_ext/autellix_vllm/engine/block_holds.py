@@ -136,7 +136,8 @@ class EngineResidency:
         if not self.rules.holds:
             return  # nothing to give up: skip the per-request block count
         demand = sum(adapter.kv_blocks_to_grow(scheduler, r) for r in running)
-        worst_running = max((calls[r.request_id].level for r in running), default=-1)
+        standing = self.core.standing
+        worst_running = max((standing(calls[r.request_id]) for r in running), default=-1)
         if demand > adapter.free_kv_blocks(scheduler):
             # An idle context of the worst running call's own level gives way first.
             self._break(worst_running - 1, demand)
@@ -168,12 +169,12 @@ class EngineResidency:
         if not self.rules.working_set:
             # vLLM admits it if its blocks can be had: holds the rule lets the call
             # break give them up first.
-            self._break(call.level if self._running else -1, need)
+            self._break(self.core.standing(call) if self._running else -1, need)
             return True
         if self._fits(need):
             return True
         if not self._running or call.promotions or self.rules.overdue(call, time.time()):
-            self._break(-1 if not self._running else call.level, need)
+            self._break(-1 if not self._running else self.core.standing(call), need)
             return self._fits(need)
         free = adapter.free_kv_blocks(self.scheduler)
         self.rules.cut_for(call.program.owner, time.time(), need, free, self._largest)

@@ -379,7 +379,7 @@ class AutellixSchedulerMixin:
         decode, prefill = adapter.split_scheduled_tokens(call.payload, num_tokens)
         self.core.charge(call, decode_tokens=decode, prefill_tokens=prefill)
         if self.residency is None:  # else the residency orders vLLM's victims
-            call.payload.priority = call.level
+            call.payload.priority = self.core.standing(call)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any

@@ -238,15 +238,26 @@ class ProgramScheduler:
             return None
 
     def program_level(self, program: Program) -> int:
-        """The level the next call of ``program`` would enter (the last level if the
-        policy fails; 0 for policies without levels)."""
+        """The :meth:`standing` the next call of ``program`` would enter with: its
+        band's, at its level (the last level if the policy fails; level 0 for
+        policies without levels). Holds of idle contexts compare by it."""
         if not self.policy.uses_levels:
-            return 0
+            return self._standing(program.band, 0)
         try:
-            return self.levels.level_of(float(self.policy.program_base(program)))
+            level = self.levels.level_of(float(self.policy.program_base(program)))
         except Exception as error:
             self.faults.record(Hook.PROGRAM_BASE, error, "the program ranks last")
-            return self._last_level
+            level = self._last_level
+        return self._standing(program.band, level)
+
+    def standing(self, call: Call) -> int:
+        """``call``'s band and level as one number, smaller better: every level of a
+        band ranks ahead of the next band's. With one band it is the level. What
+        holds of idle contexts and vLLM's own priority compare."""
+        return self._standing(call.band, call.level)
+
+    def _standing(self, band: int, level: int) -> int:
+        return band * len(self.levels) + level
 
     def rank(self, call: Call) -> Rank:
         """Where ``call`` stands now, smaller first: its band, its owner's share,

@@ -262,7 +262,7 @@ class SimEngine:
                 continue
             tokens = min(job.missing, batch.budget)
             # An idle context of the call's own level gives way before a running call.
-            while not self._grow(job, tokens, job.call.level - 1):
+            while not self._grow(job, tokens, self.core.standing(job.call) - 1):
                 victim = self._victim([j for j in self.running if j not in batch])
                 self._preempt(victim, now)
                 preempted.add(victim)
@@ -278,7 +278,7 @@ class SimEngine:
         running = self.running
         n = len(running)
         if n > budget or n > self.kv.reclaimable or any(j.missing > 1 for j in running):
-            rank = self.core.policy.rank
+            rank = self.core.rank
             return sorted(running, key=lambda j: rank(j.call))
         return list(running)
 
@@ -296,7 +296,7 @@ class SimEngine:
                 continue  # its program is paused (a peer's rule): later calls may go
             # What holds the call may break: worse-ranked programs', or on an idle
             # engine any (nothing would free them sooner).
-            level = job.call.level if self.running or self.loading else -1
+            level = core.standing(job.call) if self.running or self.loading else -1
             if not self._admissible(job):
                 assert self.residency is not None
                 # Starving, waited past the admission bound, or nothing runs.
@@ -362,7 +362,7 @@ class SimEngine:
 
     def _loaded(self, now: float) -> list[Job]:
         """Calls whose KV has loaded, best first."""
-        rank = self.core.policy.rank
+        rank = self.core.rank
         return sorted((j for j in self.loading if j.ready_at <= now), key=lambda j: rank(j.call))
 
     def _resume_loaded(self, batch: _Batch, now: float) -> bool:
@@ -371,7 +371,7 @@ class SimEngine:
             if batch.budget <= 0 or self._free_seats() <= 0:
                 return False
             tokens = min(job.missing, batch.budget)
-            if not self._grow(job, tokens, job.call.level):
+            if not self._grow(job, tokens, self.core.standing(job.call)):
                 return False
             self.loading.remove(job)
             self._run(job, tokens, batch, now)
