@@ -234,6 +234,14 @@ async def test_a_keyed_engine_takes_prior_service_from_its_key_holder(keyed_app,
     assert forwarded["autellix_owner"] == "key-router-said"  # the header wins
 
 
+async def test_a_keyed_engine_takes_a_band_only_from_its_key_holder(keyed_app, inner):
+    band = ("X-Autellix-Priority", "batch")
+    await call(keyed_app, json.dumps(BODY).encode(), [band])
+    assert "autellix_priority" not in json.loads(inner.calls[0][1]).get("vllm_xargs", {})
+    await call(keyed_app, json.dumps(BODY).encode(), [band, ("Authorization", f"Bearer {KEY}")])
+    assert json.loads(inner.calls[1][1])["vllm_xargs"]["autellix_priority"] == 1
+
+
 async def test_an_engine_without_a_key_takes_no_prior_service_from_anyone(app, inner):
     await call(app, json.dumps(BODY_WITH_PRIOR).encode(), [PRIOR, OWNER, AUTHORIZED])
     assert json.loads(inner.calls[0][1])["vllm_xargs"] == {"mine": 1}
