@@ -21,16 +21,18 @@ import json
 import time
 from typing import Any
 
+from autellix_vllm.policy.config import TableBounds
 from autellix_vllm.policy.routing import Route
 from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.ray_serve.directory import ProgramDirectory
-from autellix_vllm.ray_serve.messages import Admission, CallReport
+from autellix_vllm.ray_serve.messages import Admission, Arrival, CallReport
 from autellix_vllm.router.keys import ANONYMOUS
 
 
 def throughput(programs: int, calls: int, reports: int, replicas: int) -> dict[str, Any]:
     """Admit ``calls`` calls; calls per second of the directory's own work."""
-    directory = ProgramDirectory(max_programs=max(programs, 1), max_programs_per_owner=programs)
+    bounds = TableBounds(max_programs=max(programs, 1), max_programs_per_key=max(programs, 1))
+    directory = ProgramDirectory(bounds=bounds)
     ids = []
     for _ in range(programs):
         issued = directory.issue(None, ANONYMOUS)
@@ -42,7 +44,8 @@ def throughput(programs: int, calls: int, reports: int, replicas: int) -> dict[s
     for i in range(calls):
         program_id, call_id = ids[i % programs], f"call-{i}"
         carried = pending if len(pending) >= reports else None
-        admission = directory.admit(CallIdentity(program_id, call_id=call_id), ANONYMOUS, carried)
+        arrival = Arrival(CallIdentity(program_id, call_id=call_id))
+        admission = directory.admit(arrival, ANONYMOUS, carried)
         if not isinstance(admission, Admission):
             raise RuntimeError(f"the directory refused call {i}: {admission}")
         if carried:
