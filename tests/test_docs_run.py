@@ -43,7 +43,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     # docs/benchmarks.md
     "autellix simulate matrix --seed 10": (PARSE, "hours on 2 cores"),
     "autellix simulate sweep --workload agent --preset a100-llama8b-kv --seed 10 --policies"
-    " vllm-opt,plas-atlas,autellix --plot docs/img/agent-sessions.png": (PARSE, _SWEEP),
+    " vllm-opt,plas-atlas,autellix,continuum,thunderagent --plot docs/img/agent-sessions.png": (
+        PARSE, _SWEEP),
+    "autellix simulate sweep --workload W --preset a100-llama8b-kv --seed N --policies"
+    " vllm-opt,autellix,continuum,thunderagent,mori,lru-priority": (FORM, _SWEEP),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
     " --kv-blocks 96 --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
