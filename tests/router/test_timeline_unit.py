@@ -103,6 +103,26 @@ def test_ps_prints_a_row_and_a_waterfall_line_per_call():
     assert waterfall[1].startswith(" " * 40)  # c2 starts three quarters in
 
 
+def test_the_plot_draws_a_bar_per_part_of_each_call_and_per_gap(tmp_path):
+    from autellix_vllm.plots import save_timeline
+    from matplotlib.patches import Rectangle
+
+    spans = [
+        span("c1", 100.0, 101.0),  # queue, prefill, decode, other; then 0.5 s of own time
+        span("c2", 101.5, 102.0, report=NO_REPORT),  # one bar; then 1.0 s of own time
+        span("c3", 103.0, 104.0),
+    ]
+    path = tmp_path / "timeline.png"
+    figure = save_timeline(str(path), "program p", timeline(spans, calls_finished=3))
+    assert path.read_bytes().startswith(b"\x89PNG")
+    bars = [patch for patch in figure.axes[0].patches if isinstance(patch, Rectangle)]
+    assert len(bars) == 4 + 1 + 1 + 1 + 4
+    gaps = [bar for bar in bars if bar.get_hatch()]
+    assert [(bar.get_x(), bar.get_width()) for bar in gaps] == [(1.0, 0.5), (2.0, 1.0)]
+    labels = [text.get_text() for text in figure.axes[0].get_yticklabels()]
+    assert labels == ["c1", "c2", "c3"]
+
+
 def test_a_programs_calls_are_kept_up_to_the_bound():
     table = ProgramTable(TableBounds())
     for number in range(TIMELINE_CALLS_KEPT + 3):
@@ -134,6 +154,7 @@ def test_the_timelines_of_the_programs_an_owner_ended_last_are_kept_for_it_only(
     ("argv", "message"),
     [
         (["ps", "--chrome-trace", "t.json"], "--chrome-trace needs a PROGRAM"),
+        (["ps", "--plot", "t.png"], "--plot needs a PROGRAM"),
         (["ps", "prog-1", "--all"], "--all lists programs; it does not go with a PROGRAM"),
     ],
 )

@@ -6,6 +6,7 @@
     autellix ps --url http://127.0.0.1:8000 --api-key KEY --json
     autellix ps PROGRAM                          # where one program's time went
     autellix ps PROGRAM --chrome-trace t.json    # the same for Perfetto
+    autellix ps PROGRAM --plot t.png             # the same as a picture
 
 Columns: PROGRAM (id), NAME, ENGINE (the engine the program is bound to, else
 the engines its calls ran on, with ``*`` after them: short prompts bind to no
@@ -27,7 +28,8 @@ flight) until its next call; then a waterfall, one line per call. ``-`` where
 the engine did not say (an engine started without
 ``--enable-per-request-metrics``; cached tokens need
 ``--enable-prompt-tokens-details``). ``--chrome-trace FILE`` writes it in the
-Trace Event Format, which https://ui.perfetto.dev and chrome://tracing open.
+Trace Event Format, which https://ui.perfetto.dev and chrome://tracing open;
+``--plot FILE`` draws the waterfall to a PNG (matplotlib, the ``sim`` extra).
 
 The router lists a key's own programs (the admin key's: all), a page at a
 time; both commands read the pages in turn, up to ``--max-programs`` programs
@@ -116,14 +118,21 @@ def add_parser(subparsers: argparse._SubParsersAction, name: str) -> None:
             help="with PROGRAM: also write its timeline to FILE in the Trace Event Format, for"
             " Perfetto (default: no file)",
         )
+        parser.add_argument(
+            "--plot",
+            metavar="PNG",
+            help="with PROGRAM: also draw its timeline as a waterfall to this PNG (needs the"
+            " sim extra) (default: no file)",
+        )
         parser.set_defaults(func=run_ps)
 
 
 def run_ps(args: argparse.Namespace) -> int:
     if args.program is not None:
         return run_timeline(args)
-    if args.chrome_trace is not None:
-        raise UsageError("--chrome-trace needs a PROGRAM: autellix ps PROGRAM --chrome-trace FILE")
+    for option, value in (("--chrome-trace", args.chrome_trace), ("--plot", args.plot)):
+        if value is not None:
+            raise UsageError(f"{option} needs a PROGRAM: autellix ps PROGRAM {option} FILE")
     try:
         table = fetch_table(args.url, args.api_key, max_programs=_max_programs(args))
         ended = fetch_ended(args.url, args.api_key) if args.all else None
@@ -144,23 +153,37 @@ def run_ps(args: argparse.Namespace) -> int:
 def run_timeline(args: argparse.Namespace) -> int:
     if args.all:
         raise UsageError("--all lists programs; it does not go with a PROGRAM")
+    if args.plot is not None:
+        import matplotlib  # noqa: F401  (missing: one line before asking the router)
     try:
         timeline = fetch_timeline(args.url, args.api_key, args.program)
     except AdminClientError as error:
         raise UsageError(str(error)) from None
-    if args.chrome_trace is not None:
-        trace = chrome_trace(args.program, timeline)
-        try:
-            with open(args.chrome_trace, "w") as out:
-                json.dump(trace, out)
-        except OSError as error:
-            raise UsageError(f"cannot write {args.chrome_trace}: {error.strerror}") from None
-        print(f"wrote {args.chrome_trace}: open it in https://ui.perfetto.dev", file=sys.stderr)
+    write_timeline_files(args.program, timeline, args.chrome_trace, args.plot)
     if args.json:
         print(json.dumps(timeline, indent=2))
     else:
         print(format_timeline(timeline))
     return 0
+
+
+def write_timeline_files(
+    program_id: str, timeline: dict[str, Any], chrome_trace_path: str | None, plot_path: str | None
+) -> None:
+    """Write ``timeline`` to ``chrome_trace_path`` (Trace Event Format) and draw it to
+    ``plot_path`` (PNG), each if given; one line on stderr per file written."""
+    try:
+        if chrome_trace_path is not None:
+            with open(chrome_trace_path, "w") as out:
+                json.dump(chrome_trace(program_id, timeline), out)
+            print(f"wrote {chrome_trace_path}: open it in https://ui.perfetto.dev", file=sys.stderr)
+        if plot_path is not None:
+            from autellix_vllm.plots import save_timeline
+
+            save_timeline(plot_path, f"program {program_id}", timeline)
+            print(f"wrote {plot_path}", file=sys.stderr)
+    except OSError as error:
+        raise UsageError(f"cannot write {error.filename}: {error.strerror}") from None
 
 
 def run_top(args: argparse.Namespace) -> int:
