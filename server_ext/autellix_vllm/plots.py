@@ -61,11 +61,12 @@ WATERFALL_ROW_INCHES = 0.25
 def save_timeline(path: str, title: str, data: dict[str, Any]) -> Any:
     """Write ``data`` (a program's timeline, ``router.timeline.timeline``) to ``path``
     as a waterfall (PNG); returns the (closed) figure."""
-    height = max(3.0, 2.0 + WATERFALL_ROW_INCHES * len(data["calls"]))
-    return save_panels(path, title, [lambda ax: draw_timeline(ax, data)], height=height)
+    height = max(3.0, 1.5 + WATERFALL_ROW_INCHES * len(data["calls"]))
+    # The title goes on the panel: a figure's title overlaps it on a tall figure.
+    return save_panels(path, "", [lambda ax: draw_timeline(ax, data, title)], height=height)
 
 
-def draw_timeline(ax: Any, data: dict[str, Any]) -> None:
+def draw_timeline(ax: Any, data: dict[str, Any], title: str) -> None:
     """One row per call, by arrival: a bar per part of the call (queue, prefill,
     decode, other; one black bar if the engine gave no timings), then a hatched,
     hollow bar for the program's own time after it (no call in flight)."""
@@ -94,8 +95,9 @@ def draw_timeline(ax: Any, data: dict[str, Any]) -> None:
     ax.invert_yaxis()  # the first call on top
     ax.set_xlabel("seconds since the program's first call arrived")
     ax.grid(True, axis="x", linewidth=0.3)
+    ax.margins(y=0.5 / max(1, len(data["calls"])))
     ax.set_title(
-        f"{len(data['calls'])} calls in {data['latency_s']:.3f}s: in calls"
+        f"{title}: {len(data['calls'])} calls in {data['latency_s']:.3f}s: in calls"
         f" {data['in_calls_s']:.3f}s, own time {data['own_time_s']:.3f}s",
         fontsize=9,
     )

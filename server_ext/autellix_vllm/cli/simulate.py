@@ -218,6 +218,19 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         " the output then counts the directory's messages per second"
         " (default: one always fresh table)",
     )  # fmt: skip
+    run.add_argument(
+        "--timeline", metavar="PROGRAM_ID",
+        help="also print where this program's time went, as autellix ps PROGRAM does"
+        " (default: none)",
+    )  # fmt: skip
+    run.add_argument(
+        "--chrome-trace", metavar="FILE",
+        help="with --timeline: write it to FILE in the Trace Event Format, for Perfetto",
+    )  # fmt: skip
+    run.add_argument(
+        "--plot", metavar="PNG",
+        help="with --timeline: draw it as a waterfall to this PNG",
+    )  # fmt: skip
     run.set_defaults(func=_run)
 
     sweep = commands.add_parser("sweep", help="max rate within the SLO, per policy")
@@ -290,6 +303,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     from ..sim.sweep import SweepSetup
 
+    if args.timeline is None and (args.chrome_trace or args.plot):
+        raise UsageError("--chrome-trace and --plot draw a program's timeline: add --timeline ID")
+    if args.plot:
+        import matplotlib  # noqa: F401  (missing: one line now, not after the run)
+
     setup = SweepSetup(
         args.workload, args.seed, args.engines, args.preset, args.max_num_seqs, _config(args),
         duration=0.0,  # a fixed count of programs, not a window of arrivals
@@ -302,11 +320,27 @@ def _run(args: argparse.Namespace) -> int:
         programs = (
             import_trace(args.trace, args.trace_format) if args.trace else setup.trace(args.rate)
         )
-        result = setup.simulate(programs, args.policy, args.lb)
+        if args.timeline is not None and args.timeline not in {p.program_id for p in programs}:
+            first = programs[0].program_id if programs else "none"
+            raise ValueError(f"no program {args.timeline!r} in this run (the first: {first!r})")
+        result = setup.simulate(programs, args.policy, args.lb, timeline_of=args.timeline)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     source = {"trace": args.trace} if args.trace else {"workload": args.workload, "rate": args.rate}
-    print_result({**source, "policy": args.policy, **result.metrics}, args.json, RUN_UNITS)
+    output = {**source, "policy": args.policy, **result.metrics}
+    if args.timeline is None:
+        print_result(output, args.json, RUN_UNITS)
+        return 0
+    from ..router.timeline import timeline
+    from .ps import format_timeline, write_timeline_files
+
+    calls = timeline(result.call_spans, calls_finished=len(result.call_spans))
+    write_timeline_files(args.timeline, calls, args.chrome_trace, args.plot)
+    if args.json:
+        print_result({**output, "timeline": calls}, as_json=True)
+    else:
+        print_result(output, False, RUN_UNITS)
+        print(f"\n{format_timeline({'program_id': args.timeline, **calls})}")
     return 0
 
 

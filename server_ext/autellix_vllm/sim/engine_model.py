@@ -337,9 +337,13 @@ class SimEngine:
         """Prefix-cache statistics of an admitted call: its GPU hit and its prompt."""
         self.kv.hit_tokens += job.computed
         self.kv.prompt_tokens += job.computed + job.missing
+        if job.cached_tokens is None:  # its first admission: what its timeline shows
+            job.cached_tokens = job.computed
 
     def _run(self, job: Job, tokens: int, batch: _Batch, now: float) -> None:
         job.wait_s += now - job.wait_since
+        if job.scheduled_at is None:
+            job.scheduled_at = now
         self.running.append(job)
         batch.add(job, tokens)
 

@@ -37,7 +37,12 @@ class Job:
     own_blocks: int = 0
     wait_since: float = 0.0
     wait_s: float = 0.0
+    arrived_at: float = 0.0  # when it reached the router (its timeline's clock)
+    scheduled_at: float | None = None  # when the engine first scheduled it
     first_token_at: float | None = None  # when its first token was sampled
+    finished_at: float | None = None
+    engine: str | None = None  # the engine that served it
+    cached_tokens: int | None = None  # of its prompt, the prefix cache's on first admission
     ready_at: float = 0.0  # when its KV has loaded from the host tier
     context: str = ""  # the prefix cache's key: the program, or one of its subagents
     # The client's retention hint (``expect_tool``): seconds until the context's next

@@ -39,6 +39,8 @@ from ..policy import (
 )
 from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..registry import lookup
+from ..router.timeline import CallSpan
+from ..router.usage import CallReport
 from ..stats import percentile, tails
 from ..workloads.trace import CallSpec, ProgramSpec
 from .directory import ServiceTable
@@ -68,6 +70,9 @@ class SimResult:
     latency_per_token: dict[str, float]  # program id -> seconds per token
     # Program id -> seconds from its arrival to its last call's completion.
     program_latency: dict[str, float] = field(default_factory=dict)
+    # The calls of the program the run was asked to keep (``timeline_of``), in the
+    # router's timeline type, so that ``autellix ps``'s views draw them.
+    call_spans: list[CallSpan] = field(default_factory=list)
 
 
 class LatencyBound:
@@ -135,6 +140,7 @@ class Simulation:
         retention_hints: bool = False,
         greedy_owners: Collection[str] = (),
         table_sync_s: float | None = None,
+        timeline_of: str | None = None,
     ) -> None:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy_name(policy), "policy")
         if engines < 1:
@@ -148,6 +154,7 @@ class Simulation:
         self.end_programs = end_programs
         self.retention_hints = retention_hints
         self.greedy_owners = frozenset(greedy_owners)
+        self.timeline_of = timeline_of
         self.longest_hold_s = config.residency.max_ttl_s
         self.started = time.perf_counter()
 
@@ -253,6 +260,7 @@ class Simulation:
     def _arrive(self, job: Job, now: float) -> None:
         """Route the call and queue it on its engine."""
         self.jobs.append(job)
+        job.arrived_at = now
         program_id = job.program.program_id
         self.first_arrival.setdefault(program_id, now)  # events come in time order
         route = self.balancer.choose(
@@ -306,6 +314,7 @@ class Simulation:
             raise RuntimeError(f"call {job.spec.id} of {pid} completed twice")
         run.done.add(job.spec.id)
         run.calls_left -= 1
+        job.finished_at, job.engine = now, self.engines[engine_index].name
         self.table.call_ended(pid, job.call.service, engine_index, now)
         for dep in self.dependents.get((pid, job.spec.id), ()):
             key = (pid, dep.id)
@@ -388,7 +397,28 @@ class Simulation:
         if self.table.sync_s is not None:
             metrics["table_sync_s"] = self.table.sync_s
             metrics.update(self.table.traffic(metrics["makespan"]))
-        return SimResult(metrics, lpt, latency)
+        spans = [call_span(job) for job in jobs if job.program.program_id == self.timeline_of]
+        return SimResult(metrics, lpt, latency, spans)
+
+
+def call_span(job: Job) -> CallSpan:
+    """A finished call as the router's timeline records one, its parts as vLLM's
+    per-request metrics define them: queue until first scheduled, prefill until
+    the first token, decode until the last (a preemption's wait and recompute
+    fall in the part it interrupted)."""
+    assert job.scheduled_at is not None and job.first_token_at is not None
+    assert job.finished_at is not None
+    report = CallReport(
+        prompt_tokens=job.spec.prompt_tokens,
+        cached_tokens=job.cached_tokens,
+        completion_tokens=job.spec.decode_tokens,
+        queue_s=job.scheduled_at - job.arrived_at,
+        prefill_s=job.first_token_at - job.scheduled_at,
+        decode_s=job.finished_at - job.first_token_at,
+    )
+    return CallSpan(
+        job.spec.id, job.spec.thread, job.engine, job.arrived_at, job.finished_at, True, report
+    )
 
 
 def held_shares(engines: list[SimEngine]) -> dict[str, float]:
@@ -466,6 +496,7 @@ def simulate(
     retention_hints: bool = False,
     greedy_owners: Collection[str] = (),
     table_sync_s: float | None = None,
+    timeline_of: str | None = None,
 ) -> SimResult:
     """Run ``programs`` to completion and report the paper's metrics.
 
@@ -490,6 +521,8 @@ def simulate(
     seconds (:class:`~.directory.ServiceTable`; None: one always fresh table); the
     metrics then give the directory's traffic (``directory_admissions_per_s``,
     ``directory_reports_per_s``).
+    ``timeline_of``: a program id whose calls the result keeps, as the router's
+    timeline has them (``SimResult.call_spans``).
     """
     return Simulation(
         programs,
@@ -506,4 +539,5 @@ def simulate(
         retention_hints=retention_hints,
         greedy_owners=greedy_owners,
         table_sync_s=table_sync_s,
+        timeline_of=timeline_of,
     ).run()

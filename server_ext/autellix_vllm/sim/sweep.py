@@ -70,9 +70,12 @@ class SweepSetup:
         count = self.programs or max(1, round(rate * self.duration))
         return generate(self.workload, count, rate, self.seed, self.max_context)
 
-    def simulate(self, programs: list[ProgramSpec], policy: str, lb: str) -> SimResult:
+    def simulate(
+        self, programs: list[ProgramSpec], policy: str, lb: str, timeline_of: str | None = None
+    ) -> SimResult:
         """Run ``programs`` under ``policy`` on this setup's engines, balanced by ``lb``;
-        the run stops early past ``slo`` (0: runs in full)."""
+        the run stops early past ``slo`` (0: runs in full). ``timeline_of``: a
+        program whose calls the result keeps (``SimResult.call_spans``)."""
         return simulate(
             programs,
             policy,
@@ -87,6 +90,7 @@ class SweepSetup:
             end_programs=self.end_programs,
             retention_hints=self.retention_hints,
             table_sync_s=self.table_sync_s,
+            timeline_of=timeline_of,
         )
 
 
