@@ -57,6 +57,7 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --max-model-len 2048 --kv-blocks 80 --identity derived --json": (PARSE, _ENGINE),
     "autellix simulate bench-policy --policy plas-atlas --json": (RUN, "median_ms_per_step"),
     "autellix bench router-overhead --seconds 5 --json": (PARSE, "times the router: a minute"),
+    "python -m autellix_vllm.bench.timeline_cost": (RUN, "span_record_us"),
     # README.md
     "make demo": (PARSE, _ENGINE),
     "make test": (PARSE, "the whole test suite"),
@@ -117,6 +118,9 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "autellix ps --all": (RUN, "ended programs"),
     "autellix ps demo-agent --url http://127.0.0.1:8765 --chrome-trace trace.json": (
         PARSE, _SERVER),
+    "autellix ps demo-agent --url http://127.0.0.1:8765 --plot timeline.png": (PARSE, _SERVER),
+    "autellix simulate run --workload agent --programs 2 --timeline agent-1 --plot agent-1.png": (
+        RUN, "agent-1: 13 calls"),
     "pip install \"torch==2.13.0\" && pip install '.[cpu,ray]'": (PARSE, "installs packages"),
     "pip install 'autellix[otel]'": (PARSE, "installs packages"),
     "autellix ray-serve --model tiny --replicas 2": (PARSE, "starts a Ray cluster and engines"),

@@ -225,11 +225,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )  # fmt: skip
     run.add_argument(
         "--chrome-trace", metavar="FILE",
-        help="with --timeline: write it to FILE in the Trace Event Format, for Perfetto",
+        help="with --timeline: write it to FILE in the Trace Event Format, for Perfetto"
+        " (default: no file)",
     )  # fmt: skip
     run.add_argument(
         "--plot", metavar="PNG",
-        help="with --timeline: draw it as a waterfall to this PNG",
+        help="with --timeline: draw it as a waterfall to this PNG (default: no file)",
     )  # fmt: skip
     run.set_defaults(func=_run)
 
