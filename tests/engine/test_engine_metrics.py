@@ -62,7 +62,9 @@ async def test_holding_a_programs_context_moves_the_hold_series(engine):
         )
     held = await scrape_until(engine, lambda s: granted(s) > granted(before))
     assert granted(held) > granted(before)
-    assert held_blocks(held) >= held_blocks(before) + 2
+    # Its own hold's blocks at least (an earlier test's hold may have expired, or
+    # been broken for this program's first call, meanwhile).
+    assert held_blocks(held) >= 2
     assert ("autellix_held_programs", ()) in held
 
     url = f"{engine.base_url}/autellix/v1/engine/programs/{program_id}"

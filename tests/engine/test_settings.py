@@ -67,7 +67,10 @@ def test_a_bad_value_is_one_error_naming_the_variable(variable, value, problem):
 
 
 def test_an_engine_runs_every_policy_but_the_oracle():
-    assert ENGINE_POLICY_NAMES == ("fcfs", "mlfq", "plas", "atlas", "plas-atlas", "autellix")
+    assert ENGINE_POLICY_NAMES == (
+        "fcfs", "mlfq", "plas", "atlas", "plas-atlas", "autellix",
+        "continuum", "thunderagent", "mori", "lru-priority",
+    )  # fmt: skip
     assert all(engine_policy(name) == name for name in ENGINE_POLICY_NAMES)
     with pytest.raises(ValueError, match="only the simulator can run it"):
         engine_policy("srpt")
