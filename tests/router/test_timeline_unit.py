@@ -4,6 +4,7 @@ in an answer (router.usage), and how ``autellix ps PROGRAM`` shows it; no engine
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from autellix_vllm.cli import main
@@ -162,3 +163,10 @@ def test_ps_names_a_timeline_option_that_does_not_fit_in_one_line(argv, message,
     assert main(argv) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and message in error
+
+
+def test_ps_plot_without_matplotlib_names_the_extra_in_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the sim extra were missing
+    assert main(["ps", "prog-1", "--plot", "t.png", "--url", "http://127.0.0.1:9"]) != 0
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "pip install 'autellix[sim]'" in error
