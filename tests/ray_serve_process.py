@@ -36,15 +36,18 @@ class RayServed:
 
     def engines(self) -> list[tuple[str, str]]:
         """Each engine's base URL and key, read from its reaper's command line and
-        environment (where its replica put them)."""
-        found = []
+        environment (where its replica put them); once per engine, though the
+        reaper's guard (a fork of it) shows the same command line."""
+        found: list[tuple[str, str]] = []
         for process in self.started():
             with contextlib.suppress(psutil.NoSuchProcess):
                 command = process.cmdline()
                 if REAPER_MODULE in command:
                     port = command[command.index("--port") + 1]
                     key = process.environ()[ENGINE_KEY_VARIABLE]
-                    found.append((f"http://127.0.0.1:{port}", key))
+                    engine = (f"http://127.0.0.1:{port}", key)
+                    if engine not in found:
+                        found.append(engine)
         return found
 
 

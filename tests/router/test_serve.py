@@ -22,12 +22,11 @@ import signal
 import string
 import subprocess
 import uuid
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
-from autellix_vllm.engine.reaper import group_alive, group_members
+from autellix_vllm.engine.reaper import group_alive, group_members, server_of
 from polling import eventually, wait_until, wait_until_gone
 from serve_process import SERVE, Served, read_until_ready, start_serve, stop_serve
 
@@ -65,11 +64,6 @@ def wait_for_line(served: Served, pattern: str, timeout_s: float) -> re.Match[st
     )
 
 
-def api_server_of(reaper_pid: int) -> int:
-    """The vLLM API server of an engine: the only child of its reaper."""
-    children = Path(f"/proc/{reaper_pid}/task/{reaper_pid}/children").read_text().split()
-    assert len(children) == 1, children
-    return int(children[0])
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +242,7 @@ async def test_killing_an_engine_mid_run_loses_no_program(served):
         assert "engine-1" in engines, f"every first call went to {set(engines)}"
         first_done.set()
         # The API server only: the reaper must take its engine core and worker with it.
-        os.kill(api_server_of(served.engine_pids[1]), signal.SIGKILL)
+        os.kill(server_of(served.engine_pids[1]), signal.SIGKILL)
         programs = await asyncio.gather(*runs)  # raises if any call of any program failed
     wait_until_gone(served.engine_pids[1])
 

@@ -11,12 +11,11 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 
 from autellix_vllm.bench.soak_serve import Served, say
-from autellix_vllm.engine.reaper import group_members
+from autellix_vllm.engine.reaper import group_members, server_of
 from autellix_vllm.protocol.paths import ENGINES_PATH
 
 
@@ -29,14 +28,6 @@ class Kill:
     out_of_rotation_s: float | None = None
     back_in_rotation_s: float | None = None
     group_reaped_s: float | None = None
-
-
-def api_server_of(reaper_pid: int) -> int:
-    """The vLLM API server of an engine: the only child of its reaper."""
-    children = Path(f"/proc/{reaper_pid}/task/{reaper_pid}/children").read_text().split()
-    if len(children) != 1:
-        raise RuntimeError(f"engine reaper {reaper_pid} has children {children}, not one")
-    return int(children[0])
 
 
 async def kill_and_watch(
@@ -52,7 +43,7 @@ async def kill_and_watch(
     until serve has also reported the restart."""
     await asyncio.sleep(max(0.0, at - time.monotonic()))
     group = served.engine_groups[engine]
-    server = api_server_of(group)
+    server = server_of(group)
     restarts = served.restarts
     os.kill(server, signal.SIGKILL)
     killed = time.monotonic()

@@ -45,6 +45,7 @@ from types import FrameType
 from typing import IO
 
 from autellix_vllm.engine.models import ModelSpec, resolve_model
+from autellix_vllm.engine.reaper import MODULE as REAPER_MODULE
 from autellix_vllm.engine.reaper import group_alive
 from autellix_vllm.engine.settings import VARIABLES, SchedulerSettings, settings_env
 from autellix_vllm.policy import Levels, TableBounds
@@ -75,7 +76,6 @@ LOG_TAIL_LINES = 40
 
 # vLLM's own key variable: it guards /v1/* with it, like its --api-key flag.
 VLLM_API_KEY_VARIABLE = "VLLM_API_KEY"
-REAPER_MODULE = "autellix_vllm.engine.reaper"
 # EngineConfig.tool_call_parser: the served model's own parser (ModelSpec.tool_call_parser).
 AUTO_TOOL_PARSER = "auto"
 

@@ -39,9 +39,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 
 POLL_S = 0.2
+# How the launcher runs this module (``python -m``), so its guard's command line too.
+MODULE = "autellix_vllm.engine.reaper"
 # prctl(2) option: the signal a process gets when its parent dies.
 PR_SET_PDEATHSIG = 1
 
@@ -69,6 +72,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.killpg(group, signal.SIGKILL)
     kill_group_but_this_process(group)
     return code if code >= 0 else 128 - code
+
+
+def server_of(reaper_pid: int) -> int:
+    """The server a running reaper started (Linux): its one child that is not its
+    guard, which is a fork of the reaper and shows the reaper's command line."""
+    children = Path(f"/proc/{reaper_pid}/task/{reaper_pid}/children").read_text().split()
+    servers = [pid for pid in children if MODULE not in _command_line(pid)]
+    if len(servers) != 1:
+        raise RuntimeError(f"engine reaper {reaper_pid} has children {children}, not one server")
+    return int(servers[0])
+
+
+def _command_line(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except FileNotFoundError:  # it ended meanwhile: not the server
+        return MODULE
 
 
 def start_guard(group: int) -> None:
