@@ -51,6 +51,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --kv-blocks 96 --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
     " --kv-blocks 96 --schedulers fcfs,autellix,thunderagent": (PARSE, _ENGINE),
+    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --schedulers fcfs,autellix,thunderagent --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --seed 1 --programs 24 --max-num-seqs 8"
     " --max-model-len 1536 --kv-blocks 64 --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --seed 2 --programs 18 --max-num-seqs 8"
