@@ -2,7 +2,11 @@
 model as the default, and Continuum reproduces the direction of its own published
 result (ahead of vLLM's scheduling on agent sessions)."""
 
+import math
+
 import pytest
+from autellix_vllm.policy import PolicyConfig
+from autellix_vllm.policy.config import ResidencyConfig
 from autellix_vllm.policy.policies import PEER_POLICIES
 from autellix_vllm.sim import simulate
 from autellix_vllm.workloads.generators import generate
@@ -50,11 +54,6 @@ def test_mori_demotes_idle_contexts_to_the_host_tier_instead_of_recomputing_them
 def test_a_hold_never_keeps_a_new_programs_first_call_out(agents):
     """The default's first-call bound: near its highest rate on agent sessions, new
     programs' first calls no longer wait for worse-ranked holds to expire."""
-    import math
-
-    from autellix_vllm.policy import PolicyConfig
-    from autellix_vllm.policy.config import ResidencyConfig
-
     busy = generate("agent", 24, 0.0125, seed=3)
     unbounded = PolicyConfig(residency=ResidencyConfig(first_call_bound_s=math.inf))
     before = simulate(busy, "autellix", config=unbounded, **AGENTS).metrics
