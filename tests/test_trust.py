@@ -18,16 +18,24 @@ from autellix_vllm.protocol.trust import (
 from autellix_vllm.router.calls import read_call
 
 KEY = "engine-key-1234"
-STATED = CallIdentity("p", thread_id="t", prior_service=40.0, owner="key-alice")
+STATED = CallIdentity(
+    "p", thread_id="t", prior_service=40.0, owner="key-alice", priority=1, weight=3.0
+)
 
 
-def test_the_router_stated_fields_are_the_prior_service_the_owner_and_the_band():
-    assert ROUTER_STATED == ("prior_service", "owner", "priority")
-    assert ROUTER_STATED_XARGS == ("autellix_prior_service", "autellix_owner", "autellix_priority")
+def test_the_router_stated_fields_are_the_prior_service_the_owner_the_band_and_the_weight():
+    assert ROUTER_STATED == ("prior_service", "owner", "priority", "weight")
+    assert ROUTER_STATED_XARGS == (
+        "autellix_prior_service",
+        "autellix_owner",
+        "autellix_priority",
+        "autellix_weight",
+    )
     assert ROUTER_STATED_HEADERS == (
         "X-Autellix-Prior-Service",
         "X-Autellix-Owner",
         "X-Autellix-Priority",
+        "X-Autellix-Weight",
     )
 
 
@@ -59,15 +67,20 @@ def test_the_router_takes_them_from_no_client():
         "X-Autellix-Program-Id": "p",
         "X-Autellix-Prior-Service": "1e300",
         "X-Autellix-Owner": "key-victim",
+        "X-Autellix-Weight": "1e6",
         "Authorization": f"Bearer {KEY}",  # even a client that knows an engine's key
     }
-    body = {"model": "m", "vllm_xargs": {"autellix_owner": "key-victim"}}
+    body = {"model": "m", "vllm_xargs": {"autellix_owner": "key-victim", "autellix_weight": 50}}
     call = read_call("/v1/completions", json.dumps(body).encode(), headers, {"m"}, 4.0)
     assert call.identity == CallIdentity("p")
 
 
 def test_the_middleware_drops_them_from_a_request_that_may_not_state_them():
-    headers = [(b"x-autellix-program-id", b"p"), (b"x-autellix-prior-service", b"40")]
+    headers = [
+        (b"x-autellix-program-id", b"p"),
+        (b"x-autellix-prior-service", b"40"),
+        (b"x-autellix-weight", b"2.5"),
+    ]
     body = json.dumps({"model": "m", "vllm_xargs": {"autellix_owner": "o", "k": 1}}).encode()
     trusted = json.loads(rewrite_body(body, headers, may_state_router_fields=True))
     assert trusted["vllm_xargs"] == {
@@ -75,6 +88,7 @@ def test_the_middleware_drops_them_from_a_request_that_may_not_state_them():
         "autellix_owner": "o",
         "autellix_program_id": "p",
         "autellix_prior_service": 40.0,
+        "autellix_weight": 2.5,
     }
     untrusted = json.loads(rewrite_body(body, headers, may_state_router_fields=False))
     assert untrusted["vllm_xargs"] == {"k": 1, "autellix_program_id": "p"}

@@ -5,6 +5,9 @@ import logging
 
 import pytest
 from autellix_vllm.engine.middleware import IdentityMiddleware
+from autellix_vllm.protocol.openai_errors import error_body
+from autellix_vllm.router.calls import read_call
+from autellix_vllm.router.errors import ApiError
 
 
 class RecordingApp:
@@ -240,6 +243,31 @@ async def test_a_keyed_engine_takes_a_band_only_from_its_key_holder(keyed_app, i
     assert "autellix_priority" not in json.loads(inner.calls[0][1]).get("vllm_xargs", {})
     await call(keyed_app, json.dumps(BODY).encode(), [band, ("Authorization", f"Bearer {KEY}")])
     assert json.loads(inner.calls[1][1])["vllm_xargs"]["autellix_priority"] == 1
+
+
+async def test_the_bodys_priority_is_a_band_from_the_key_holder_and_never_reaches_vllm(
+    keyed_app, inner
+):
+    """vLLM's ``priority`` field asks for a band by the header's rule; vLLM gets neither."""
+    body = json.dumps({**BODY, "priority": 1}).encode()
+    await call(keyed_app, body, [AUTHORIZED])
+    await call(keyed_app, body, [AUTHORIZED, ("X-Autellix-Priority", "3")])  # the header wins
+    await call(keyed_app, body)  # not the key's holder: no band
+    trusted, header_won, untrusted = (json.loads(b) for _, b in inner.calls)
+    assert "priority" not in trusted and "priority" not in untrusted
+    assert trusted["vllm_xargs"]["autellix_priority"] == 1
+    assert header_won["vllm_xargs"]["autellix_priority"] == 3
+    assert "autellix_priority" not in untrusted.get("vllm_xargs", {})
+
+
+async def test_a_priority_that_is_no_band_is_the_routers_400(app, inner):
+    raw = json.dumps({**BODY, "priority": -1}).encode()
+    status, content = await call(app, raw)
+    with pytest.raises(ApiError) as at_router:
+        read_call("/v1/chat/completions", raw, {}, {"m"}, 4.0)
+    e = at_router.value
+    assert (status, json.loads(content)) == (400, error_body(400, e.message, e.code, e.param))
+    assert inner.calls == []
 
 
 async def test_an_engine_without_a_key_takes_no_prior_service_from_anyone(app, inner):

@@ -117,6 +117,34 @@ def test_weights_scale_an_owners_share():
         TenantConfig(band_aging_s=0.0)
 
 
+def test_a_stated_weight_scales_an_owners_share_over_the_configured_one():
+    """The router states each key's weight with its calls (``CallIdentity.weight``)."""
+    core = make(weights={"a": 0.5})
+    heavy = core.add_call(CallIdentity("a-prog", call_id="a0", owner="a", weight=4.0), now_s=0)
+    core.enqueue(heavy)
+    serve(core, heavy, 40)  # share 10, by the stated weight
+    serve(core, arrive(core, "b-prog", "b0", owner="b"), 20)  # share 20
+    arrive(core, "a-prog", "a1", owner="a")  # states none: the last stated one holds
+    arrive(core, "b-prog", "b1", owner="b")
+    assert order(core) == ["a1", "b1"]
+    assert core.shares.snapshot() == {
+        "a": {"share": 10.0, "weight": 4.0},
+        "b": {"share": 20.0, "weight": 1.0},
+    }
+    assert core.snapshot(now_s=0)["owners"] == core.shares.snapshot()
+
+
+def test_the_weight_travels_as_a_header_and_is_router_stated():
+    assert read_identity([("X-Autellix-Weight", "2.5")]).weight == 2.5
+    assert read_identity(xargs={"autellix_weight": 3}).weight == 3.0
+    assert CallIdentity(weight=2.0).as_headers() == {"X-Autellix-Weight": "2.0"}
+    for bad in ("0", "-1", "inf", "heavy"):
+        with pytest.raises(IdentityError) as error:
+            read_identity([("X-Autellix-Weight", bad)])
+        assert error.value.param == "X-Autellix-Weight"
+    assert accepted(CallIdentity("p", weight=9.0), may_state=False).weight is None
+
+
 def test_an_owner_returning_from_idle_gets_no_credit_for_its_absence():
     core = make()
     running = arrive(core, "b-prog", "b0", owner="b")
@@ -153,6 +181,14 @@ def test_the_band_travels_as_a_header_or_a_class_name_and_is_router_stated():
     # A client cannot state its band: a hop that may not state router fields drops it.
     assert accepted(CallIdentity("p", priority=0), may_state=False).priority is None
     assert accepted(CallIdentity("p", priority=1), may_state=True).priority == 1
+
+
+def test_a_program_stands_in_its_latest_calls_band():
+    core = make()
+    serve(core, arrive(core, "agent", "a0", owner="a"), 5)
+    assert arrive(core, "agent", "a1", owner="a", priority=1).band == 1
+    assert core.table.get("agent").band == 1
+    assert core.snapshot(now_s=0, program_ids=["agent"])["programs"][0]["band"] == 1
 
 
 def test_an_owner_may_have_a_band_of_its_own_that_a_stated_band_overrides():

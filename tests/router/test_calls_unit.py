@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from autellix_vllm.cli.ps import format_table, human_duration
+from autellix_vllm.cli.ps import format_keys, format_table, human_duration
 from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.calls import estimate_prompt_tokens, read_call
@@ -211,6 +211,7 @@ def test_ps_prints_one_row_per_program_and_marks_dead_engines():
                 "waiting_time": 3.0,
                 "age_s": 5,
                 "owner": "alice",
+                "class": "batch",
             },  # fmt: skip
             {"program_id": "old", "name": None, "engine": "engine-1", "age_s": 4000},
             # Short prompts bind to no engine: ENGINE names where its calls ran.
@@ -222,18 +223,32 @@ def test_ps_prints_one_row_per_program_and_marks_dead_engines():
     lines = format_table(table).splitlines()
     assert lines[0].startswith("4 programs  locality  engine-0 up load 2  engine-1 DOWN")
     assert lines[1].split() == [
-        "PROGRAM", "NAME", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT", "AGE", "OWNER",
+        "PROGRAM", "NAME", "CLASS", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT", "AGE",
+        "OWNER",
     ]  # fmt: skip
     assert lines[2].split() == [
-        "old", "-", "engine-1!", "0", "0", "0", "0.0", "0.0", "1h06m", "-",
+        "old", "-", "-", "engine-1!", "0", "0", "0", "0.0", "0.0", "1h06m", "-",
     ]  # fmt: skip
     assert lines[3].split() == [
-        "young", "agent", "engine-0", "2", "1", "5", "12.5", "3.0", "5s", "alice",
+        "young", "agent", "batch", "engine-0", "2", "1", "5", "12.5", "3.0", "5s", "alice",
     ]  # fmt: skip
-    assert lines[4].split()[:3] == ["short", "-", "engine-0*,engine-1*!"]
-    assert lines[5].split()[:3] == ["new", "-", "-"]
+    assert lines[4].split()[:4] == ["short", "-", "-", "engine-0*,engine-1*!"]
+    assert lines[5].split()[:4] == ["new", "-", "-", "-"]
     assert format_table(table, sort_by="service").splitlines()[2].startswith("young")
     assert [human_duration(s) for s in (0, 59, 61, 7322)] == ["0s", "59s", "1m01s", "2h02m"]
+
+
+def test_ps_prints_each_keys_class_weight_and_share():
+    keys = [
+        {"name": "chat", "class": "interactive", "weight": 1.0, "service": 30.0, "share": 30.0,
+         "programs": 2},
+        {"name": "nightly", "class": "batch", "weight": 2.5, "service": 50.0, "share": 20.0,
+         "programs": 7},
+    ]  # fmt: skip
+    lines = format_keys(keys).splitlines()
+    assert lines[1].split() == ["KEY", "CLASS", "WEIGHT", "SERVICE", "SHARE", "PROGRAMS"]
+    assert lines[2].split() == ["chat", "interactive", "1", "30.0", "30.0", "2"]
+    assert lines[3].split() == ["nightly", "batch", "2.5", "50.0", "20.0", "7"]
 
 
 def test_the_overhead_benchmark_reads_a_histograms_median():

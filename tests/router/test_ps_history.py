@@ -78,8 +78,12 @@ async def test_ps_all_lists_a_programs_final_row_after_it_ended_to_its_owner_onl
         argv = ["ps", "--url", router.url + "/v1", "--api-key", "sk-alice"]
         assert await asyncio.to_thread(main, [*argv, "--all"]) == 0
         text = capsys.readouterr().out
-        live_part, ended_part = text.split("\n\n")
+        live_part, keys_part, ended_part = text.split("\n\n")
         assert live["program_id"] in live_part and ended_id not in live_part
+        # Her own key's account only: its programs in the table, the ended one not.
+        assert [line.split() for line in keys_part.splitlines()[2:]] == [
+            ["alice", "interactive", "1", "0.0", "0.0", "1"]
+        ]
         ended_lines = ended_part.splitlines()
         assert ended_lines[0] == "1 ended programs, the last ended first"
         assert ended_lines[1].split()[-3:] == ["AGE", "ENDED", "OWNER"]

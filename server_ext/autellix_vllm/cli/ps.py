@@ -8,13 +8,19 @@
     autellix ps PROGRAM --chrome-trace t.json    # the same for Perfetto
     autellix ps PROGRAM --plot t.png             # the same as a picture
 
-Columns: PROGRAM (id), NAME, ENGINE (the engine the program is bound to, else
+Columns: PROGRAM (id), NAME, CLASS (its priority class: the band its latest
+call ran in, ``interactive``, ``batch`` or a band's number), ENGINE (the
+engine the program is bound to, else
 the engines its calls ran on, with ``*`` after them: short prompts bind to no
 engine; ``!`` marks an engine out of rotation), THR (threads), RUN (calls in
 flight), CALLS (completed), SERVICE (token equivalents over all engines), WAIT
 (how long its calls waited in the engines' queues, in engine steps, summed
 over engines), AGE, OWNER (the name of the key that opened it); for ended
 programs, AGE is how long the program lived and ENDED how long ago it ended.
+Then a line per key (the caller's own; every key for the admin key): its
+CLASS (the keys file's), WEIGHT, SERVICE (over all its programs since the
+router started), SHARE (service over weight: what the engines balance
+between keys inside a band) and its PROGRAMS in the table.
 docs/glossary.md explains binding, service and waiting.
 ``--url`` and ``--api-key`` default to $AUTELLIX_URL and $AUTELLIX_API_KEY.
 
@@ -144,6 +150,9 @@ def run_ps(args: argparse.Namespace) -> int:
         print(json.dumps(table, indent=2))
         return 0
     print(format_table(table, sort_by="age"))
+    if table.get("keys"):
+        print()
+        print(format_keys(table["keys"]))
     if ended is not None:
         print()
         print(format_ended(ended))
@@ -234,8 +243,8 @@ def format_table(table: dict[str, Any], sort_by: str = "age") -> str:
         f"{printable(e['name'])} {'up' if e.get('healthy') else 'DOWN'} load {e.get('load', 0)}"
         for e in engines
     )
-    header = ("PROGRAM", "NAME", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT", "AGE",
-              "OWNER")  # fmt: skip
+    header = ("PROGRAM", "NAME", "CLASS", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT",
+              "AGE", "OWNER")  # fmt: skip
     rows = [header]
     for p in programs:
         rows.append((*_program_cells(p, down), printable(p.get("owner") or "-")))
@@ -249,8 +258,8 @@ def format_ended(ended: dict[str, Any]) -> str:
     """The programs that ended last (``fetch_ended``), newest first: AGE is how long
     each lived, ENDED how long ago it ended."""
     programs = ended.get("programs", [])
-    header = ("PROGRAM", "NAME", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT", "AGE",
-              "ENDED", "OWNER")  # fmt: skip
+    header = ("PROGRAM", "NAME", "CLASS", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT",
+              "AGE", "ENDED", "OWNER")  # fmt: skip
     rows = [header]
     for p in programs:
         ago = f"{human_duration(p.get('ended_ago_s', 0.0))} ago"
@@ -258,6 +267,22 @@ def format_ended(ended: dict[str, Any]) -> str:
     total = ended.get("total", len(programs))
     shown = "" if total == len(programs) else f" (showing {len(programs)})"
     return _lines(f"{total} ended programs{shown}, the last ended first", rows)
+
+
+def format_keys(keys: list[dict[str, Any]]) -> str:
+    """The keys' accounts (the listing's ``keys``), by name: each key's class,
+    weight, service, share (service over weight) and programs in the table."""
+    rows = [("KEY", "CLASS", "WEIGHT", "SERVICE", "SHARE", "PROGRAMS")]
+    for k in keys:
+        rows.append((
+            printable(k.get("name") or "-"),
+            printable(str(k.get("class", "-"))),
+            f"{k.get('weight', 1.0):g}",
+            f"{k.get('service', 0.0):.1f}",
+            f"{k.get('share', 0.0):.1f}",
+            str(k.get("programs", 0)),
+        ))  # fmt: skip
+    return _lines("keys (a share is service / weight)", rows)
 
 
 def format_timeline(timeline: dict[str, Any]) -> str:
@@ -328,6 +353,7 @@ def _program_cells(p: dict[str, Any], down: set[str]) -> tuple[str, ...]:
     return (
         printable(p["program_id"]),
         printable(p.get("name") or "-"),
+        printable(str(p.get("class", "-"))),
         _engine_cell(p, down),
         str(p.get("threads", 0)),
         str(p.get("calls_active", 0)),

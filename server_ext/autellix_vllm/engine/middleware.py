@@ -8,12 +8,20 @@ the ``X-Autellix-*`` headers win over the body's keys) and writes it into that
 dict, where the scheduler finds it. A malformed value is answered with
 OpenAI's error body and status 400, without forwarding the request.
 
-What only the router states (the prior service and the owner) reaches the
+What only the router states (the prior service, the owner, the band and the
+weight, :data:`~autellix_vllm.protocol.trust.ROUTER_STATED`) reaches the
 scheduler only from a request that may state it, by
 :func:`~autellix_vllm.protocol.trust.may_state_router_fields` (the caller
 holds the engine key, :func:`~autellix_vllm.engine.settings.engine_key`); from
 any other it is dropped, from the headers and from the body of every JSON POST
 (vLLM takes ``vllm_xargs`` on more routes than the generation ones).
+
+The body's own ``priority`` (vLLM's field) is read as the band the call asks
+for, by the same rule as at the router (a malformed one is the same 400), and
+taken out of the body: vLLM never orders calls by a client's raw integer
+(the engines run vLLM's priority policy, whose order the scheduler sets).
+Like ``X-Autellix-Priority`` it counts only from a holder of the engine key,
+the router, which has already bounded it by the client's key.
 
 The body's ``agent_hint`` (vLLM's agent_hint RFC: ``session_id``,
 ``parent_session_id``, ``cache_control.ttl``) is read last, so an agent that
@@ -51,6 +59,7 @@ from typing import Any
 from autellix_vllm.engine.settings import engine_key
 from autellix_vllm.protocol.identity import (
     AGENT_HINT_FIELD,
+    PRIORITY_FIELD,
     SESSION_ID_FIELD,
     XARGS_FIELD,
     Header,
@@ -125,11 +134,13 @@ class IdentityMiddleware:
 def rewrite_body(
     body: bytes, headers: Iterable[Header], may_state_router_fields: bool = True
 ) -> bytes:
-    """The body with the call's identity written into its ``vllm_xargs``.
+    """The body with the call's identity written into its ``vllm_xargs``, and
+    without its own ``priority`` (read as the band asked for).
 
     Other ``vllm_xargs`` keys are kept. Unless ``may_state_router_fields`` (see
     :mod:`~autellix_vllm.protocol.trust`), what only the router states (the prior
-    service, the owner) is left out, and removed from the body's ``vllm_xargs``.
+    service, the owner, the band, the weight) is left out, and removed from the
+    body's ``vllm_xargs``.
     Returns ``body`` itself (the same object) when nothing changes or the body
     is not a JSON object with a dict (or absent) ``vllm_xargs``; those are left
     for vLLM to reject. Raises :class:`IdentityError` for a malformed identity
@@ -149,6 +160,7 @@ def rewrite_body(
         body_xargs,
         payload.get(SESSION_ID_FIELD),
         agent_hint=payload.get(AGENT_HINT_FIELD),
+        priority=payload.get(PRIORITY_FIELD),
     )
     if body_xargs is not None and not isinstance(body_xargs, dict):
         return body
@@ -156,9 +168,11 @@ def rewrite_body(
     if not may_state_router_fields:
         for key in ROUTER_STATED_XARGS:
             new_xargs.pop(key, None)
-    if new_xargs == (body_xargs or {}):
+    had_priority = PRIORITY_FIELD in payload
+    payload.pop(PRIORITY_FIELD, None)
+    if new_xargs == (body_xargs or {}) and not had_priority:
         return body
-    if XARGS_FIELD not in payload and payload and _opens_in_utf8(body):
+    if XARGS_FIELD not in payload and payload and not had_priority and _opens_in_utf8(body):
         return _with_first_key(body, XARGS_FIELD, new_xargs)
     payload[XARGS_FIELD] = new_xargs
     return _dump(payload)

@@ -74,18 +74,29 @@ class OwnerShares:
     programs gains nothing. An owner that arrives while nothing of its own is
     in flight starts no lower than the least share of the owners that are: it
     gets no credit for the time it was away (as in start-time fair queuing).
+
+    An owner's weight is the one its calls state (the router states its key's,
+    ``CallIdentity.weight``; the latest call's counts), else
+    :meth:`TenantConfig.weight`.
     """
 
     def __init__(self, config: TenantConfig) -> None:
         self.config = config
         self._share: dict[str, float] = {}
         self._in_flight: Counter[str] = Counter()  # owner -> its calls in flight (> 0)
+        self._stated: dict[str, float] = {}  # owner -> the weight its calls stated
 
     def share(self, owner: str) -> float:
         return self._share.get(owner, 0.0)
 
-    def arrived(self, owner: str) -> None:
-        """A call of ``owner`` arrived."""
+    def weight(self, owner: str) -> float:
+        stated = self._stated.get(owner)
+        return stated if stated is not None else self.config.weight(owner)
+
+    def arrived(self, owner: str, weight: float | None = None) -> None:
+        """A call of ``owner`` arrived, stating ``weight`` for its owner (None: none)."""
+        if weight is not None:
+            self._stated[owner] = weight
         if not self._in_flight[owner] and self._in_flight:
             floor = min(self.share(other) for other in self._in_flight)
             self._share[owner] = max(self.share(owner), floor)
@@ -98,7 +109,12 @@ class OwnerShares:
             del self._in_flight[owner]
 
     def charge(self, owner: str, amount: float) -> None:
-        self._share[owner] = self.share(owner) + amount / self.config.weight(owner)
+        self._share[owner] = self.share(owner) + amount / self.weight(owner)
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Each owner that has had a call: its share (service over weight) and weight."""
+        owners = self._share.keys() | self._in_flight.keys()
+        return {o: {"share": self.share(o), "weight": self.weight(o)} for o in sorted(owners)}
 
 
 class ProgramScheduler:
@@ -183,9 +199,11 @@ class ProgramScheduler:
     def _join(self, call_id: str, identity: CallIdentity, now_s: float) -> Call | None:
         """The call as part of its program; None if the policy cannot place it."""
         assert identity.program_id is not None
-        program = self.table.open(
-            identity.program_id, now_s, owner=identity.owner, band=self._band(identity)
-        )
+        band = self._band(identity)
+        program = self.table.open(identity.program_id, now_s, owner=identity.owner, band=band)
+        # A call asks for its own class (the SDK's ``autellix.priority`` block): the
+        # program stands in its latest call's band, its idle context's holds too.
+        program.band = band
         if not program.busy and program.last_completion_s is not None:
             program.gaps += 1  # it was idle, in a tool, since its last call ended
             program.gap_total_s += max(0.0, now_s - program.last_completion_s)
@@ -216,7 +234,7 @@ class ProgramScheduler:
         if call.band > 0:
             deadline = call.arrival_s + self.config.tenants.band_aging_s
             heapq.heappush(self._aging, (deadline, next(self._aging_seq), call))
-        self.shares.arrived(call.program.owner)
+        self.shares.arrived(call.program.owner, call.identity.weight)
         self._enter_level(call)
         call.program.active_calls[id(call)] = call
         call.thread.active_calls += 1
@@ -654,6 +672,7 @@ class ProgramScheduler:
             "programs_count": len(self.table),
             "queue_depth": depth,
             "waiting": len(self.waiting),
+            "owners": self.shares.snapshot(),
             **vars(self.counters),
             "calls_over_limit": dict(self.table.calls_over_limit),
             "hook_failures": dict(self.faults.counts),

@@ -84,8 +84,9 @@ class Program:
     # Who runs it (its first call's ``CallIdentity.owner``): holds are shared fairly
     # among owners (policy.residency).
     owner: str = ANONYMOUS_OWNER
-    # Its priority band (its first call's ``CallIdentity.priority``): 0, interactive,
-    # is the best; a better band goes first (ProgramScheduler.rank).
+    # Its priority band (its latest call's, ``CallIdentity.priority`` else its
+    # owner's): 0, interactive, is the best; a better band goes first
+    # (ProgramScheduler.rank).
     band: int = 0
     created_s: float = 0.0
     last_arrival_s: float = 0.0

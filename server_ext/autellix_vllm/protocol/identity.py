@@ -25,17 +25,29 @@ header                          ``vllm_xargs`` key             value
 ``X-Autellix-Retention-Ttl``    ``autellix_retention_ttl_s``   TTL
 ``X-Autellix-Owner``            ``autellix_owner``             id
 ``X-Autellix-Priority``         ``autellix_priority``          band
+``X-Autellix-Weight``           ``autellix_weight``            weight
 ``X-Session-ID``                (body ``session_id``)          id
 =============================== ============================== ===========
 
 A band (:func:`validate_priority`) is a priority class, ``interactive``
 (band 0, the default) or ``batch`` (band 1), or a band's number from 0 to
-:data:`MAX_PRIORITY_BAND`; a smaller band goes first.
+:data:`MAX_PRIORITY_BAND`; a smaller band goes first. A call may also ask for
+one in the body's own ``priority`` field, as vLLM's clients send it (an
+integer, lower first: the same polarity as a band), read last, after the
+header and the ``vllm_xargs`` key, with the same rule: ``0`` to
+:data:`MAX_PRIORITY_BAND` or a class name, anything else malformed (a
+negative priority too: there is no band better than 0). NVIDIA Dynamo's
+``nvext.agent_hints.priority`` is not read: it counts the other way (higher
+first) and has no bound, so no band corresponds to it.
 
-The prior service, the owner (who the caller is) and the band are the
-router's to state, never a client's: who may state them is :mod:`~autellix_vllm.protocol.trust`'s
-one rule. A call without an owner belongs to :data:`ANONYMOUS_OWNER`, one
-owner shared by every such call.
+A weight (:func:`validate_weight`) is the owner's share of service inside
+its band relative to the other owners' (a positive finite number; none: 1).
+
+The prior service, the owner (who the caller is), the band and the weight
+are the router's to state, never a client's: who may state them is
+:mod:`~autellix_vllm.protocol.trust`'s one rule (the router states the band a
+client asked for, bounded by its key). A call without an owner belongs to
+:data:`ANONYMOUS_OWNER`, one owner shared by every such call.
 
 An id is 1 to 128 characters with no control characters; only the parent
 thread header may be empty, which means the main thread (no parent). Header
@@ -88,6 +100,7 @@ PRIOR_SERVICE_HEADER = "X-Autellix-Prior-Service"
 RETENTION_TTL_HEADER = "X-Autellix-Retention-Ttl"
 OWNER_HEADER = "X-Autellix-Owner"
 PRIORITY_HEADER = "X-Autellix-Priority"
+WEIGHT_HEADER = "X-Autellix-Weight"
 SESSION_ID_HEADER = "X-Session-ID"
 """vLLM's own session header; the SDK sets it to the program id."""
 
@@ -99,10 +112,13 @@ PRIOR_SERVICE = "autellix_prior_service"
 RETENTION_TTL = "autellix_retention_ttl_s"
 OWNER = "autellix_owner"
 PRIORITY = "autellix_priority"
+WEIGHT = "autellix_weight"
 
 XARGS_FIELD = "vllm_xargs"
 SESSION_ID_FIELD = "session_id"
 AGENT_HINT_FIELD = "agent_hint"
+PRIORITY_FIELD = "priority"
+"""The body's own priority field (vLLM's: an integer, lower first)."""
 MAIN_THREAD_ID = "main"
 """The thread a call without a thread id runs on (the policy's table too)."""
 ANONYMOUS_OWNER = "anonymous"
@@ -122,6 +138,7 @@ IDENTITY_HEADERS: dict[str, str] = {
     "retention_ttl_s": RETENTION_TTL_HEADER,
     "owner": OWNER_HEADER,
     "priority": PRIORITY_HEADER,
+    "weight": WEIGHT_HEADER,
 }
 # CallIdentity field -> its vllm_xargs key.
 IDENTITY_XARGS: dict[str, str] = {
@@ -133,6 +150,7 @@ IDENTITY_XARGS: dict[str, str] = {
     "retention_ttl_s": RETENTION_TTL,
     "owner": OWNER,
     "priority": PRIORITY,
+    "weight": WEIGHT,
 }
 # Header in lower case (as ASGI delivers it) -> CallIdentity field; X-Session-ID -> itself.
 _HEADER_FIELDS: dict[str, str] = {
@@ -172,6 +190,9 @@ class CallIdentity:
     engine's held KV the call's program draws on."""
     priority: int | None = None
     """The program's band (0 the best; None: 0), stated by the router."""
+    weight: float | None = None
+    """The owner's weight (its key's, from the keys file; None: 1), stated by
+    the router: its share of service inside a band is proportional to it."""
 
     def as_xargs(self) -> dict[str, str | float]:
         """The ``vllm_xargs`` keys of the parts that are set."""
@@ -226,7 +247,8 @@ def validate_service(value: object, param: str) -> float:
 
 def validate_priority(value: object, param: str) -> int:
     """A band: a class name of :data:`PRIORITY_CLASSES` or an integer from 0 to
-    :data:`MAX_PRIORITY_BAND` (a string of one is accepted)."""
+    :data:`MAX_PRIORITY_BAND` (a string of one is accepted; a float is not, so
+    that ``0.5`` never rounds to a band)."""
     if isinstance(value, str):
         text = value.strip().lower()
         if text in PRIORITY_CLASSES:
@@ -239,6 +261,27 @@ def validate_priority(value: object, param: str) -> int:
             param,
         )
     return value
+
+
+def band_name(band: int) -> str:
+    """How listings and metrics name a band: its class name, else its number."""
+    return _CLASS_NAMES.get(band, str(band))
+
+
+_CLASS_NAMES = {band: name for name, band in PRIORITY_CLASSES.items()}
+
+
+def validate_weight(value: object, param: str) -> float:
+    """An owner's weight: a positive finite number (a numeric string is accepted)."""
+    if isinstance(value, bool):
+        raise IdentityError(f"{param} must be a number, got a boolean", param)
+    try:
+        weight = _float(value)
+    except (TypeError, ValueError):
+        raise IdentityError(f"{param} must be a number, got {value!r}", param) from None
+    if not (math.isfinite(weight) and weight > 0):
+        raise IdentityError(f"{param} must be a positive finite number, got {value!r}", param)
+    return weight
 
 
 _TTL_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -284,6 +327,7 @@ def read_identity(
     session_id: object = None,
     *,
     agent_hint: object = None,
+    priority: object = None,
 ) -> CallIdentity:
     """The identity of one call, from every place it may travel; the one reader.
 
@@ -295,7 +339,9 @@ def read_identity(
     ``xargs``: the body's ``vllm_xargs`` (ignored unless a dict: a malformed
     ``vllm_xargs`` is for vLLM to reject). ``session_id``: the body's
     ``session_id``, used when ``X-Session-ID`` is absent. ``agent_hint``: the
-    body's ``agent_hint``, read last (see the module's docstring).
+    body's ``agent_hint``, read last (see the module's docstring). ``priority``:
+    the body's own ``priority`` (vLLM's), the band asked for where neither the
+    header nor the ``vllm_xargs`` key names one.
 
     Every identity value present must be well-formed, even one that a header
     overrides, else :class:`IdentityError` names it.
@@ -321,7 +367,11 @@ def read_identity(
     prior_service = part("prior_service", validate_service)
     retention_ttl_s = part("retention_ttl_s", validate_ttl)
     owner = part("owner", validate_id)
-    priority = part("priority", validate_priority)
+    band = part("priority", validate_priority)
+    if priority is not None:
+        body_band = validate_priority(priority, PRIORITY_FIELD)
+        band = body_band if band is None else band
+    weight = part("weight", validate_weight)
     header_session_id = None
     if SESSION_ID_HEADER in from_headers:
         header_session_id = validate_id(from_headers[SESSION_ID_HEADER], SESSION_ID_HEADER)
@@ -342,7 +392,8 @@ def read_identity(
         prior_service=prior_service,
         retention_ttl_s=retention_ttl_s if retention_ttl_s is not None else hint.retention_ttl_s,
         owner=owner,
-        priority=priority,
+        priority=band,
+        weight=weight,
     )
 
 

@@ -15,7 +15,10 @@ same rules on either path:
   caller's: that is whose fair share of service and of held KV it draws on,
   on the engine;
 * the call's band is the one it asked for, never better than its caller's key
-  allows (``Client.band_for``);
+  allows (``Client.band_for``), and the table notes it as its program's class;
+* the call carries its owner's weight (the weight of the key that opened the
+  program, ``ProgramRecord.weight``, else its caller's), which sizes the owner's
+  share of service on the engine;
 * an engine is told the program's service over all engines only if it counts
   service in tokens as the table does (:func:`states_prior_service`), at most
   ``ProgramLimits.max_prior_service`` (:func:`prior_service`).
@@ -52,7 +55,8 @@ class Admitted:
 
     ``record``: its program's (None: the call runs without a program).
     ``identity``: what the engine is told: the client's, with the derived
-    program id if one was derived, and the owner the call runs under.
+    program id if one was derived, the owner the call runs under, its band
+    and the owner's weight (band 0 and weight 1, the defaults, go unstated).
     """
 
     record: ProgramRecord | None
@@ -73,6 +77,8 @@ def admit(
     ``path``, ``body`` and ``headers`` (the call's) are read only for a call that
     names no program, to derive one.
     """
+    # The band the call asked for, never better than its key allows.
+    identity = replace(identity, priority=caller.band_for(identity.priority) or None)
     record: ProgramRecord | None = None
     if identity.program_id is not None:
         record = table.call_arrived(identity, caller)
@@ -88,11 +94,9 @@ def admit(
             else:
                 identity = named
                 deriver.opened(derived, record)
-    owner = record.owner if record is not None else caller.owner
-    # The band the call asked for, never better than its key allows; band 0, the
-    # default, goes unstated.
-    band = caller.band_for(identity.priority)
-    return Admitted(record, replace(identity, owner=owner, priority=band or None))
+    opener = caller if record is None else record  # whose share the call draws on
+    stated_weight = None if opener.weight == 1.0 else opener.weight
+    return Admitted(record, replace(identity, owner=opener.owner, weight=stated_weight))
 
 
 def answered(

@@ -11,12 +11,18 @@ table takes the identity, and the dispatcher keeps what it adds (a derived
 program, the owner) in a record of its own (``admission.Admitted``).
 
 Then every scheduling field the client put in the body (the ``autellix_*``
-keys of ``vllm_xargs``, the prior service among them) is removed, and what
-only the router states (the prior service and the owner) is not kept from the
+keys of ``vllm_xargs``, the prior service among them, and the body's own
+``priority``) is removed, and what only the router states
+(:data:`~autellix_vllm.protocol.trust.ROUTER_STATED`) is not kept from the
 client (:func:`autellix_vllm.protocol.trust.accepted`: the router's edge takes
-them from no one): the router sends the engine the identity it accepted, with
-the program's prior service and owner, as headers of its own (``dispatch``),
-so the engine has one source for each. The client's retention hint
+them from no one), but for the band the client asked for (its
+``X-Autellix-Priority``, else its ``vllm_xargs`` key, else the body's
+``priority``, vLLM's field): ``admission`` bounds that by the client's key.
+The router sends the engine the identity it accepted, with the program's
+prior service, owner, band and weight, as headers of its own (``dispatch``),
+so the engine has one source for each. A body ``priority`` never reaches an
+engine as sent: vLLM would order calls by it under its priority policy, which
+the engines run. The client's retention hint
 (``X-Autellix-Retention-Ttl``, its ``vllm_xargs`` key, or
 ``agent_hint.cache_control.ttl``) is passed on the same way, as the client
 sent it: the engine clamps it to its residency bounds. It says how long to
@@ -42,6 +48,7 @@ from typing import Any
 from autellix_vllm.protocol.identity import (
     AGENT_HINT_FIELD,
     IDENTITY_XARGS,
+    PRIORITY_FIELD,
     SESSION_ID_FIELD,
     XARGS_FIELD,
     CallIdentity,
@@ -158,22 +165,26 @@ def _identity(body: dict[str, Any], headers: Mapping[str, str]) -> CallIdentity:
             body.get(XARGS_FIELD),
             body.get(SESSION_ID_FIELD),
             agent_hint=body.get(AGENT_HINT_FIELD),
+            priority=body.get(PRIORITY_FIELD),
         )
     except IdentityError as error:
         raise ApiError(400, str(error), error.code, error.param) from None
 
 
 def _strip_scheduling_fields(body: dict[str, Any]) -> bool:
-    """Remove the ``autellix_*`` keys from the body's ``vllm_xargs``; True if any was there."""
+    """Remove the body's ``priority`` and the ``autellix_*`` keys of its
+    ``vllm_xargs``; True if any was there."""
+    had_priority = PRIORITY_FIELD in body
+    body.pop(PRIORITY_FIELD, None)
     xargs = body.get(XARGS_FIELD)
     if not isinstance(xargs, dict):
-        return False
+        return had_priority
     found = [key for key in IDENTITY_XARGS.values() if key in xargs]
     for key in found:
         del xargs[key]
     if found and not xargs:
         del body[XARGS_FIELD]
-    return bool(found)
+    return had_priority or bool(found)
 
 
 def _ask_for_stream_usage(call: Call) -> bool:

@@ -14,8 +14,10 @@ Keys come from three places, all optional:
   after the key, ``class=C`` gives the key's priority class (its calls' band
   unless they ask for another) and ``max-class=C`` the best class its calls may
   ask for (default: its class), each ``interactive``, ``batch`` or a band's
-  number (:func:`~autellix_vllm.protocol.identity.validate_priority`), e.g.
-  ``nightly: sk-... class=batch``;
+  number (:func:`~autellix_vllm.protocol.identity.validate_priority`), and
+  ``weight=W`` the key's weight, a positive number (default 1): inside a band,
+  the keys' shares of the engines' service are proportional to their weights.
+  E.g. ``nightly: sk-... class=batch weight=2``;
 * ``admin_key``: sees and ends every program.
 
 With none of them, every caller is :data:`ANONYMOUS`, one owner for all
@@ -29,7 +31,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from autellix_vllm.protocol.identity import ANONYMOUS_OWNER, IdentityError, validate_priority
+from autellix_vllm.protocol.identity import (
+    ANONYMOUS_OWNER,
+    IdentityError,
+    validate_priority,
+    validate_weight,
+)
 
 MAX_KEY_NAME_LENGTH = 64
 
@@ -45,6 +52,8 @@ class Client:
     band: int = 0
     # ... and the best band they may ask for (never better than this).
     best_band: int = 0
+    # Its share of service inside a band, relative to the other keys' (1: equal).
+    weight: float = 1.0
 
     def may_see(self, owner: str) -> bool:
         """Whether this caller may list, end and call a program ``owner`` opened."""
@@ -58,11 +67,12 @@ class Client:
 
 @dataclass(frozen=True)
 class KeyEntry:
-    """What a keys file says of one key: its name and its classes (bands)."""
+    """What a keys file says of one key: its name, its classes (bands) and its weight."""
 
     name: str
     band: int = 0
     best_band: int = 0
+    weight: float = 1.0
 
 
 ANONYMOUS = Client(owner=ANONYMOUS_OWNER, name="anonymous")
@@ -94,7 +104,7 @@ class KeyRing:
             clients[api_key] = Client(owner_of(api_key), "default")
         for key, entry in (named_keys or {}).items():
             clients[key] = Client(owner_of(key), entry.name, band=entry.band,
-                                  best_band=entry.best_band)  # fmt: skip
+                                  best_band=entry.best_band, weight=entry.weight)  # fmt: skip
         if admin_key is not None:
             if admin_key in clients:
                 raise ValueError("the admin key must differ from every client key")
@@ -161,31 +171,34 @@ def parse_api_keys(lines: Iterable[str], source: str) -> dict[str, KeyEntry]:
         if key in first_line:
             raise ValueError(f"{where}: the same key is on line {first_line[key]}")
         first_line[key] = number
-        keys[key] = KeyEntry(name or owner_of(key), *_classes(options, where))
+        keys[key] = _entry(name or owner_of(key), options, where)
     if not keys:
         raise ValueError(f"API keys file {source}: no keys in it")
     return keys
 
 
-_CLASS_OPTIONS = ("class", "max-class")
+# A key line's options and how each value is read.
+_OPTIONS = {"class": validate_priority, "max-class": validate_priority, "weight": validate_weight}
 
 
-def _classes(options: Iterable[str], where: str) -> tuple[int, int]:
-    """A key's (band, best band) from its line's ``class=`` and ``max-class=``."""
-    given: dict[str, int] = {}
+def _entry(name: str, options: Iterable[str], where: str) -> KeyEntry:
+    """A key's entry from its line's options: ``class=``, ``max-class=`` and ``weight=``."""
+    given: dict[str, float] = {}
     for option in options:
         field, _, value = option.partition("=")
-        if field not in _CLASS_OPTIONS:
-            raise ValueError(f"{where}: unknown option {field!r}; the options are class, max-class")
+        validate = _OPTIONS.get(field)
+        if validate is None:
+            known = ", ".join(_OPTIONS)
+            raise ValueError(f"{where}: unknown option {field!r}; the options are {known}")
         try:
-            given[field] = validate_priority(value, field)
+            given[field] = validate(value, field)
         except IdentityError as error:
             raise ValueError(f"{where}: {error}") from None
-    band = given.get("class", 0)
-    best_band = given.get("max-class", band)
+    band = int(given.get("class", 0))
+    best_band = int(given.get("max-class", band))
     if best_band > band:
         raise ValueError(f"{where}: max-class must be at least as good as class")
-    return band, best_band
+    return KeyEntry(name, band, best_band, given.get("weight", 1.0))
 
 
 def _digest(key: str) -> bytes:

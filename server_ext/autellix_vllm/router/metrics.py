@@ -12,10 +12,12 @@ Series (all prefixed ``autellix_router_``):
 * ``errors_total{code}``: errors the router answered itself (4xx/5xx, by code);
 * ``proxy_overhead_seconds``: time a non-streaming call spent in the router
   itself (its handling time minus the time waiting for the engine);
-* ``call_seconds{key}``: a generation call's latency, from the router getting
-  it to its answer relayed in full (a stream's last event), by the name of the
-  caller's key (``anonymous`` on a router without keys): what each client
-  waits for a call, wherever the time went.
+* ``call_seconds{key, class}``: a generation call's latency, from the router
+  getting it to its answer relayed in full (a stream's last event), by the
+  name of the caller's key (``anonymous`` on a router without keys) and the
+  call's class (``interactive``, ``batch`` or a band's number: at most
+  ``MAX_PRIORITY_BAND + 1`` values, so the series stay bounded by the keys):
+  what each client and each class waits for a call, wherever the time went.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from autellix_vllm.protocol.identity import band_name
 
 OVERHEAD_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05,
@@ -82,13 +86,14 @@ class RouterMetrics:
         )
         self.call_seconds = Histogram(
             "autellix_router_call_seconds",
-            "Latency of a generation call, from its arrival to its answer relayed, by key name",
-            ["key"],
+            "Latency of a generation call, from its arrival to its answer relayed, by key name"
+            " and class",
+            ["key", "class"],
             buckets=CALL_BUCKETS,
             registry=r,
         )
         self._calls_by_route: dict[tuple[str, str], Counter] = {}
-        self._latency_by_key: dict[str, Histogram] = {}
+        self._latency_by_key: dict[tuple[str, int], Histogram] = {}
 
     def routed(self, engine: str, reason: str) -> None:
         """Count a call sent to ``engine`` for ``reason`` (labelled children are cached)."""
@@ -97,11 +102,12 @@ class RouterMetrics:
             child = self._calls_by_route[(engine, reason)] = self.calls.labels(engine, reason)
         child.inc()
 
-    def answered(self, key_name: str, seconds: float) -> None:
-        """Observe the latency of a call answered for the key named ``key_name``."""
-        child = self._latency_by_key.get(key_name)
+    def answered(self, key_name: str, band: int, seconds: float) -> None:
+        """Observe the latency of a call of ``band`` answered for the key named ``key_name``."""
+        child = self._latency_by_key.get((key_name, band))
         if child is None:
-            child = self._latency_by_key[key_name] = self.call_seconds.labels(key_name)
+            child = self.call_seconds.labels(key_name, band_name(band))
+            self._latency_by_key[(key_name, band)] = child
         child.observe(seconds)
 
     def retried(self, failed_engine: str) -> None:

@@ -18,6 +18,11 @@ Owners: a program belongs to the client (key) that opened it. Another client
 gets 404 ``program_not_found`` for it, whether it calls, ends or lists it, as
 for an id never seen; the admin key sees every program.
 
+Classes and shares: a program's class is the band its latest call was stated
+(``admission``); each key's share is the service all its programs attained,
+here since the router started, over the key's weight (:meth:`ProgramTable.key_rows`),
+the quantity the engines' fair share balances between keys inside a band.
+
 Bounds (``policy.config.TableBounds``), all refused before anything changes:
 programs in the table, in all and per key (429 ``too_many_programs``, after
 dropping idle ones); one program's threads, fork depth and live calls (400,
@@ -54,6 +59,7 @@ from autellix_vllm.protocol.identity import (
     IDENTITY_HEADERS,
     PROGRAM_ID_HEADER,
     CallIdentity,
+    band_name,
 )
 from autellix_vllm.router.errors import ApiError
 from autellix_vllm.router.keys import ANONYMOUS, Client
@@ -78,6 +84,8 @@ class ProgramRecord:
     issued: bool  # opened through the program API, not first seen in a call
     owner: str = ANONYMOUS.owner  # Client.owner of the key that opened it
     owner_name: str = ANONYMOUS.name
+    weight: float = 1.0  # Client.weight of the key that opened it
+    band: int = 0  # the band its latest call was stated (its class)
     seq: int = 0  # order of opening, for paging
     last_arrival_s: float | None = None
     last_completion_s: float | None = None
@@ -106,6 +114,16 @@ class ProgramRecord:
     @property
     def busy(self) -> bool:
         return self.calls_active > 0
+
+
+@dataclass(slots=True)
+class KeyAccount:
+    """What one key's programs attained, for its share (service over weight)."""
+
+    name: str
+    band: int  # the key's class: its calls' band unless they ask for another
+    weight: float
+    service: float = 0.0
 
 
 # ---- refusals ------------------------------------------------------------------------
@@ -236,6 +254,8 @@ class ProgramTable:
         self._owners: dict[str, str] = {}
         self._opened = OpeningOrder(self._in_table)
         self._opened_by_owner: dict[str, OpeningOrder] = {}
+        # Owner -> its key's account, from its first program on (one per key).
+        self._accounts: dict[str, KeyAccount] = {}
         self._next_seq = 0
 
     def __len__(self) -> int:
@@ -259,7 +279,8 @@ class ProgramTable:
         self, identity: CallIdentity, caller: Client = ANONYMOUS, name: str | None = None
     ) -> ProgramRecord:
         """A call of ``identity.program_id`` arrived: its record (opened if the id is
-        new, under ``name``), counting the call as active. Raises an
+        new, under ``name``), counting the call as active and noting its band
+        (``identity.priority``, as the router states it). Raises an
         :class:`ApiError` (see the module) and changes nothing if the call may not run."""
         program_id, call_id = identity.program_id, identity.call_id
         if program_id is None:
@@ -289,6 +310,7 @@ class ProgramTable:
             self._programs.touch(program_id)
         record.threads.update((new.thread_id, new.depth) for new in created)
         record.calls_active += 1
+        record.band = identity.priority or 0
         if call_id is not None:
             record.calls_in_flight.add(call_id)
         record.last_arrival_s = self.clock()
@@ -335,6 +357,7 @@ class ProgramTable:
             record.calls_in_flight.discard(call_id)
         if service:
             record.service += service
+            self._accounts[record.owner].service += service
         if completed and engine is not None:
             record.calls_completed += 1
             record.calls_per_engine[engine] = record.calls_per_engine.get(engine, 0) + 1
@@ -431,6 +454,26 @@ class ProgramTable:
             while not swept_all(self.evict_idle()):
                 await asyncio.sleep(0)
 
+    def key_rows(self, caller: Client) -> list[dict[str, Any]]:
+        """The accounts of the keys ``caller`` may see (the admin: every key that has
+        opened a program), by name: each key's class, weight, service over all its
+        programs since the router started, share (service over weight) and
+        programs in the table."""
+        rows = []
+        for owner, account in self._accounts.items():
+            if not caller.may_see(owner):
+                continue
+            opened = self._opened_by_owner.get(owner)
+            rows.append({
+                "name": account.name,
+                "class": band_name(account.band),
+                "weight": account.weight,
+                "service": account.service,
+                "share": account.service / account.weight,
+                "programs": len(opened) if opened is not None else 0,
+            })  # fmt: skip
+        return sorted(rows, key=lambda row: row["name"])
+
     def row(self, record: ProgramRecord, waiting_time: float) -> dict[str, Any]:
         """Plain data for ``GET /autellix/v1/programs``; ``waiting_time`` is what the
         engines report for the program, summed over engines."""
@@ -438,6 +481,7 @@ class ProgramTable:
             "program_id": record.program_id,
             "name": record.name,
             "owner": record.owner_name,
+            "class": band_name(record.band),
             "engine": record.engine,
             "engines": dict(record.calls_per_engine),
             "rebinds": record.rebinds,
@@ -465,8 +509,11 @@ class ProgramTable:
             issued=issued,
             owner=caller.owner,
             owner_name=caller.name,
+            weight=caller.weight,
             seq=self._next_seq,
         )
+        if caller.owner not in self._accounts:
+            self._accounts[caller.owner] = KeyAccount(caller.name, caller.band, caller.weight)
         self._next_seq += 1
         self._programs.add(program_id, record)
         self._owners[program_id] = caller.owner

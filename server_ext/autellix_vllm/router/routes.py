@@ -10,8 +10,10 @@ Autellix: ``POST /autellix/v1/programs`` (open a program, optional ``name``),
 time, for its owner),
 ``GET /autellix/v1/programs?limit=N&after=C`` (the global process table, one
 page at a time, oldest first: the caller's programs, or every program for the
-admin key; with ``ended=1``, the final rows of the programs ended last, newest
-first, no further pages), ``GET /autellix/v1/engines`` (engines, health and load).
+admin key; each row with its program's ``class``; ``keys``: the accounts of
+the keys the caller may see, each with its class, weight, service and share;
+with ``ended=1``, the final rows of the programs ended last, newest first, no
+further pages), ``GET /autellix/v1/engines`` (engines, health and load).
 
 Operations: ``GET /metrics`` (Prometheus), ``GET /health`` (200 while an
 engine is in rotation, else 503).
@@ -80,7 +82,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     )
     client = caller(request)
     response = await state.dispatcher.handle(request, call, started, client)
-    state.metrics.answered(client.name, time.perf_counter() - started)
+    band = client.band_for(call.identity.priority)  # the band admission stated
+    state.metrics.answered(client.name, band, time.perf_counter() - started)
     return response
 
 
@@ -191,6 +194,7 @@ async def list_programs(request: web.Request) -> web.Response:
             "total": total,
             "has_more": has_more,
             "next_after": None if next_after is None else str(next_after),
+            "keys": state.programs.key_rows(caller(request)),
             "engines": [engine.describe() for engine in state.pool.engines],
             "balancer": state.config.balancer,
             "locality_threshold": state.config.locality_threshold,
