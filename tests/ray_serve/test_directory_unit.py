@@ -59,6 +59,22 @@ def test_reports_apply_in_order_and_a_route_that_does_not_bind_leaves_the_bindin
     assert row["engines"] == {"r1": 1, "r2": 1} and row["calls_active"] == 1
 
 
+def test_the_engine_is_told_the_band_the_key_allows_and_the_owners_weight():
+    """The router's admission rules, on the Ray path too (``router.admission``)."""
+    nightly = Client(owner="key-n", name="nightly", band=1, best_band=1, weight=3.0)
+    directory = ProgramDirectory()
+    asked = Arrival(CallIdentity("evals", call_id="c1", priority=0))  # better than its key
+    admitted = directory.admit(asked, nightly)
+    assert admitted.identity == CallIdentity(
+        "evals", call_id="c1", owner="key-n", priority=1, weight=3.0
+    )
+    directory.apply([report("evals", "c1", 30.0)])
+    listing = directory.page(nightly, None, 10)
+    assert listing["programs"][0]["class"] == "batch"
+    assert listing["keys"] == [{"name": "nightly", "class": "batch", "weight": 3.0,
+                                "service": 30.0, "share": 10.0, "programs": 1}]  # fmt: skip
+
+
 def test_the_prior_service_is_clamped_to_the_limit():
     directory = ProgramDirectory(bounds=TableBounds(limits=ProgramLimits(max_prior_service=50.0)))
     pid = directory.issue(None, ALICE)["program_id"]

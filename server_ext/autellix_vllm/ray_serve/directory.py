@@ -167,17 +167,20 @@ class ProgramDirectory:
     def page(
         self, caller: Client, after: int | None, limit: int, reports: list[CallReport] | None = None
     ) -> dict[str, Any]:
-        """One page of the programs ``caller`` may see, as ``GET /autellix/v1/programs``
-        lists them (waiting times are the engines' and are not asked here: 0)."""
+        """One page of the programs ``caller`` may see, and the keys' accounts, as
+        ``GET /autellix/v1/programs`` lists them (waiting times are the engines'
+        and are not asked here: 0)."""
         with self._lock:
             self._apply(reports or [])
             page = self.table.page(caller, after, limit)
             rows = [self.table.row(r, 0.0) for r in page.records]
+            keys = self.table.key_rows(caller)
         return {
             "programs": rows,
             "total": page.total,
             "has_more": page.next_after is not None,
             "next_after": None if page.next_after is None else str(page.next_after),
+            "keys": keys,
         }
 
     def evict_idle(self) -> int:
