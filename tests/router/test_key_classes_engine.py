@@ -1,0 +1,162 @@
+"""A key's class and weight on the real engine behind a real router.
+
+The keys file gives ``nightly`` the batch class and weight 3 and ``chat`` the
+defaults; their calls must reach the engine with those bands and weights (read
+back from the engine's table), a body ``priority`` must ask for a band by the
+header's rule on the router and on the engine reached directly, and with one
+seat a batch key's queued calls must wait behind an interactive call that
+arrived after them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from autellix_vllm.router.keys import owner_of
+from polling import eventually
+from router_http import (
+    PROGRAMS,
+    completion,
+    engine_request,
+    engine_table,
+    program_row,
+    request,
+    unique,
+)
+
+pytestmark = pytest.mark.engine
+
+ENGINE_KEY = "key-classes-engine-key"
+KEYS = "chat: sk-chat\nnightly: sk-nightly class=batch weight=3\n"
+ADMIN_KEY = "sk-classes-admin"
+
+
+@pytest.fixture(scope="module")
+def engine(running_engine):
+    """One seat, so that calls queue at the engine; an engine key, as ``autellix
+    serve`` starts them, so that it takes the band and weight from the router."""
+    with running_engine("classes-engine", api_key=ENGINE_KEY, max_num_seqs=1) as process:
+        yield process
+
+
+@pytest.fixture
+def keys_file(tmp_path: Path) -> str:
+    path = tmp_path / "keys"
+    path.write_text(KEYS)
+    return str(path)
+
+
+def as_key(key: str, program_id: str | None = None) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {key}"}
+    return headers | ({"X-Autellix-Program-Id": program_id} if program_id else {})
+
+
+async def test_each_keys_calls_reach_the_engine_with_its_band_and_weight(
+    engine, start_router, keys_file
+):
+    model = engine.served_model_name
+    # (key, what the body asks for, the band the engine must rank the program in)
+    cases = [
+        ("sk-chat", None, 0),
+        ("sk-chat", 1, 1),  # lowered by the body's priority
+        ("sk-chat", "batch", 1),
+        ("sk-nightly", None, 1),  # its key's class
+        ("sk-nightly", 0, 1),  # never raised past its key's
+    ]
+    async with start_router([engine], api_keys_file=keys_file, admin_key=ADMIN_KEY) as router:
+        programs = []
+        for key, priority, band in cases:
+            program_id = unique("classes")
+            extra = {} if priority is None else {"priority": priority}
+            status, answer = await request(
+                "POST", router.url + "/v1/completions",
+                json=completion(model, **extra), headers=as_key(key, program_id),
+            )  # fmt: skip
+            assert status == 200, answer
+            programs.append((program_id, key, band))
+
+        table = await engine_table(engine)
+        for program_id, key, band in programs:
+            row = program_row(table, program_id)
+            assert (row["band"], row["owner"]) == (band, owner_of(key)), (key, row)
+        owners = table["owners"]
+        assert owners[owner_of("sk-nightly")]["weight"] == 3.0
+        assert owners[owner_of("sk-chat")]["weight"] == 1.0
+
+        # The router lists the same: each program's class, each key's share.
+        status, listing = await request("GET", router.url + PROGRAMS, headers=as_key(ADMIN_KEY))
+        assert status == 200, listing
+        for program_id, _, band in programs:
+            assert program_row(listing, program_id)["class"] == ("interactive", "batch")[band]
+        by_name = {row["name"]: row for row in listing["keys"]}
+        nightly = by_name["nightly"]
+        assert (nightly["class"], nightly["weight"], nightly["programs"]) == ("batch", 3.0, 2)
+        assert nightly["service"] > 0 and nightly["share"] == pytest.approx(nightly["service"] / 3)
+        assert by_name["chat"]["share"] == by_name["chat"]["service"] > 0
+
+        # Latency by key and class.
+        status, metrics = await request("GET", router.url + "/metrics", headers=as_key(ADMIN_KEY))
+        assert status == 200 and isinstance(metrics, str)
+        for key, name, count in (("chat", "interactive", 1), ("chat", "batch", 2),
+                                 ("nightly", "batch", 2)):  # fmt: skip
+            series = f'autellix_router_call_seconds_count{{class="{name}",key="{key}"}}'
+            assert f"{series} {count:.1f}" in metrics, series
+
+
+async def test_a_body_priority_means_the_same_on_the_engine_reached_directly(
+    engine, start_router, keys_file
+):
+    """The router's key (the engine key) may state a band in the body as in the
+    header; a priority that is no band gets the same 400 on both hops."""
+    model = engine.served_model_name
+    program_id = unique("direct")
+    status, answer = await engine_request(
+        engine, "POST", "/v1/completions", json=completion(model, priority=2),
+        headers={"X-Autellix-Program-Id": program_id},
+    )  # fmt: skip
+    assert status == 200, answer
+    assert program_row(await engine_table(engine), program_id)["band"] == 2
+
+    bad = completion(model, priority=-1)
+    direct = await engine_request(engine, "POST", "/v1/completions", json=bad)
+    async with start_router([engine], api_keys_file=keys_file) as router:
+        routed = await request(
+            "POST", router.url + "/v1/completions", json=bad, headers=as_key("sk-chat")
+        )
+    assert routed == direct
+    status, body = direct
+    assert status == 400 and body["error"]["code"] == "invalid_identity", body
+    assert body["error"]["param"] == "priority"
+
+
+async def test_an_interactive_call_goes_before_a_batch_keys_queued_calls(
+    engine, start_router, keys_file
+):
+    """One seat: the batch key's calls queue; an interactive call sent after them
+    preempts the running one and is answered before every one of them."""
+    model = engine.served_model_name
+    finished: dict[str, float] = {}
+
+    async def call(name: str, key: str, max_tokens: int) -> None:
+        status, answer = await request(
+            "POST", router.url + "/v1/completions",
+            json=completion(model, max_tokens=max_tokens), headers=as_key(key, unique(name)),
+        )  # fmt: skip
+        assert status == 200, answer
+        finished[name] = time.monotonic()
+
+    async with start_router([engine], api_keys_file=keys_file) as router:
+        # Long enough that none ends between the queue seen and the interactive call.
+        batch = [asyncio.create_task(call(f"batch{i}", "sk-nightly", 160)) for i in range(3)]
+
+        def queued(table: dict[str, Any]) -> bool:
+            return table["waiting"] >= 2
+
+        await eventually(lambda: engine_table(engine), queued, timeout_s=60)
+        await call("interactive", "sk-chat", 4)
+        await asyncio.gather(*batch)
+    assert finished["interactive"] < min(finished[f"batch{i}"] for i in range(3)), finished
