@@ -61,6 +61,7 @@ from autellix_vllm.engine.launcher import (
 )
 from autellix_vllm.engine.settings import positive_integer, positive_number
 from autellix_vllm.policy.config import DEFAULT_BOUNDS, DEFAULT_LIMITS, ProgramLimits, TableBounds
+from autellix_vllm.policy.flow_control import FlowControlConfig
 from autellix_vllm.policy.routing import BALANCER_NAMES, DEFAULT_LOCALITY_THRESHOLD
 from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.router import RouterConfig, serve_router
@@ -240,6 +241,13 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
         help="a derived program with nothing in flight for this long is ended",
     )
     parser.add_argument(
+        "--flow-control",
+        action="store_true",
+        help="hold calls of worse classes (bands) at the router while the engines are"
+        " saturated for them, instead of queueing them in an engine (docs/scheduling.md,"
+        ' "Flow control")',
+    )
+    parser.add_argument(
         "--health-interval", type=float, default=1.0, help="seconds between engine probes"
     )
     parser.add_argument(
@@ -288,6 +296,7 @@ def router_config_from_args(
             derived_idle_end_s=args.derived_idle_end,
             health_interval_s=args.health_interval,
             max_attempts=args.max_attempts,
+            flow_control=FlowControlConfig() if args.flow_control else None,
             allow_remote_upstreams=args.allow_remote_upstreams,
         )
     except (ValueError, OSError) as error:  # OSError: an unreadable keys file

@@ -422,6 +422,7 @@ class AutellixSchedulerMixin:
             enabled=True,
             scheduler=type(self).__name__,
             running=len(self.running),
+            seats=adapter.batch_seats(self),
             calls_without_identity=self.calls_without_identity,
             kv_preemptions=self.kv_preemptions,
             waiter_preemptions={r.value: n for r, n in self.waiter_preemptions.items()},

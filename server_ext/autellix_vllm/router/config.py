@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from autellix_vllm.policy.config import DEFAULT_BOUNDS, TableBounds
+from autellix_vllm.policy.flow_control import FlowControlConfig
 from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD, make_balancer
 from autellix_vllm.router.keys import KeyRing, check_key, load_api_keys
 
@@ -64,6 +65,10 @@ class RouterConfig:
     # the engines' own keep-alive (uvicorn: 5 s), so the router never reuses a
     # connection the engine is closing.
     engine_keepalive_s: float = 3.0
+    # Calls of worse bands wait at the router while the pool is saturated for
+    # them (policy.flow_control; ``autellix serve --flow-control``); None, the
+    # default: every call goes to an engine at once and queues there.
+    flow_control: FlowControlConfig | None = None
     # The keys above, by key (made from them; not a parameter).
     keys: KeyRing = field(init=False, repr=False, compare=False)
     # Allow engines on other hosts even with an API key (they are not protected by it).

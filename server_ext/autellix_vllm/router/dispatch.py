@@ -21,6 +21,10 @@ The engine key travels as the session's ``Authorization`` (``app``). With
 tracing on (``router.tracing``), the call's own ``traceparent`` replaces the
 client's, and goes back to the client on the answer.
 
+Flow control (``router.flow_control``): a call of a worse band waits at the
+router while the pool is saturated for its band, after admission and before
+an engine is chosen; its client leaving meanwhile drops it from the queue.
+
 Failover: a call whose engine cannot be reached, or drops the connection
 before the client got any byte, is sent again (same body, same call id) to
 another engine, up to ``max_attempts`` tries (tenacity). A connection the
@@ -38,6 +42,7 @@ usage if it came, else an estimate from the events relayed).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -70,6 +75,7 @@ from autellix_vllm.router.engines import (
     passed_back_headers,
 )
 from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.flow_control import Gate
 from autellix_vllm.router.keys import ANONYMOUS, Client
 from autellix_vllm.router.metrics import RouterMetrics
 from autellix_vllm.router.programs import ProgramRecord, ProgramTable
@@ -156,6 +162,10 @@ class Dispatcher:
         tracer: ProgramTracer | None = None,
     ) -> None:
         self.config = config
+        # Holds calls of worse bands while the pool is saturated (None: off).
+        self.gate: Gate | None = None
+        if config.flow_control is not None:
+            self.gate = Gate(config.flow_control, pool, metrics)
         self.deriver = deriver
         self.tracer = tracer  # None: tracing is off
         self.session = session
@@ -193,8 +203,10 @@ class Dispatcher:
             call_trace = self.tracer.call_started(request.headers, call, admitted, caller, elapsed)
             outcome.trace_headers = call_trace.headers
         arrived_s = self.programs.clock() - (time.perf_counter() - started)  # the router got it
+        gate = self.gate.through(admitted) if self.gate else contextlib.nullcontext(admitted)
         try:
-            await self._send_with_retries(request, call, key, admitted, outcome)
+            async with gate as going:
+                await self._send_with_retries(request, call, key, going, outcome)
         finally:
             if call_trace is not None:
                 call_trace.finished(call, outcome)

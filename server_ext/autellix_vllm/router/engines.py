@@ -3,9 +3,10 @@
 Each engine is probed every ``health_interval_s``: ``GET /health`` decides
 whether it is in rotation, ``GET /v1/models`` which models it serves, and
 ``GET /autellix/v1/engine/table?summary=1`` how many calls wait in its queue
-(an engine without the Autellix extension has no table: its queue counts as
-empty). The summary has no program rows, so a probe costs the same however
-many programs an engine holds. How long each program waited on the engines is
+and how many seats its batch has (an engine without the Autellix extension
+has no table: its queue counts as empty, its seats as unknown). The summary
+has no program rows, so a probe costs the same however many programs an
+engine holds. How long each program waited on the engines is
 asked only when a listing needs it, for the programs it shows
 (:meth:`EnginePool.program_waits`).
 
@@ -65,6 +66,8 @@ class Engine:
     # From the engine's last table: its waiting queue and running batch.
     waiting: int = 0
     running: int = 0
+    # Its batch size (max_num_seqs), from its table; None: it has none.
+    seats: int | None = None
     failed_probes: int = 0
     last_error: str | None = None
     # Model id -> the engine's /v1/models entry for it.
@@ -85,6 +88,7 @@ class Engine:
             "in_flight": self.in_flight,
             "waiting": self.waiting,
             "running": self.running,
+            "seats": self.seats,
             "models": sorted(self.models),
             "last_error": self.last_error,
         }
@@ -252,10 +256,13 @@ class EnginePool:
     def _read_table(engine: Engine, table: Any) -> None:
         if not isinstance(table, dict) or not table.get("enabled", False):
             engine.waiting, engine.running, engine.service_unit = 0, 0, None
+            engine.seats = None
             return
         engine.waiting = int(table.get("waiting", 0))
         engine.running = int(table.get("running", 0))
         engine.service_unit = table.get("service_unit")
+        seats = table.get("seats")
+        engine.seats = int(seats) if seats is not None else None
 
     def _probe_failed(self, engine: Engine, reason: str) -> None:
         engine.failed_probes += 1

@@ -201,7 +201,8 @@ class SimEngine:
             call_id=spec.id,
             prior_service=prior_service,
             owner=job.program.owner,
-            priority=job.program.priority,
+            # A call the router held to the starvation bound goes as band 0.
+            priority=0 if job.band == 0 else job.program.priority,
         )
         job.call = self.core.add_call(identity, now, prompt_tokens=spec.prompt_tokens, payload=job)
         self.hold_shares.owners.add(job.call.program.owner)

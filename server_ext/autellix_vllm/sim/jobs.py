@@ -48,6 +48,9 @@ class Job:
     # The client's retention hint (``expect_tool``): seconds until the context's next
     # call, sent with this call; None: no hint, the residency estimates.
     retention_hint_s: float | None = None
+    # Its band at the router's gate (None: no gate); 0 once it was held to the
+    # starvation bound, which the engine is then told.
+    band: int | None = None
 
     def __post_init__(self) -> None:
         self.prompt = max(self.spec.prompt_tokens, 1)

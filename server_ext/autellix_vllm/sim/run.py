@@ -37,6 +37,7 @@ from ..policy import (
     make_policy,
     policy_name,
 )
+from ..policy.flow_control import FlowControl, FlowControlConfig
 from ..policy.routing import DEFAULT_LOCALITY_THRESHOLD
 from ..registry import lookup
 from ..router.timeline import CallSpan
@@ -57,8 +58,9 @@ SIM_POLICIES: dict[str, tuple[str, bool]] = {
     **{name: (name, True) for name in POLICY_NAMES if name != "fcfs"},
 }
 
-# Same-time order: arrivals first, then finished loads, then steps.
-_ARRIVE, _WAKE, _START, _END = 0, 1, 2, 3
+# Same-time order: arrivals first, then a look at the router's gate (calls a
+# completion or the starvation bound lets go), then finished loads, then steps.
+_ARRIVE, _GATE, _WAKE, _START, _END = 0, 1, 2, 3, 4
 
 
 _CHECK_EVERY = 512  # events between two looks at the latency bound
@@ -141,6 +143,7 @@ class Simulation:
         greedy_owners: Collection[str] = (),
         table_sync_s: float | None = None,
         timeline_of: str | None = None,
+        flow_control: FlowControlConfig | None = None,
     ) -> None:
         core_policy, prefix_caching = lookup(SIM_POLICIES, policy_name(policy), "policy")
         if engines < 1:
@@ -187,6 +190,14 @@ class Simulation:
         # A truncated macro step leaves a stale end event behind: only the latest counts.
         self.step_versions = {engine: 0 for engine in self.engines}
         self.start_posted: set[SimEngine] = set()  # engines with a step start pending
+        # The router's gate (policy.flow_control), over the pool's seats; None: off.
+        self.tenants = config.tenants
+        self.gate: FlowControl[Job] | None = None
+        self.calls_held = 0
+        self._gate_look: float | None = None  # when a look at the gate is posted
+        if flow_control is not None:
+            seats = spec.max_num_seqs * engines
+            self.gate = FlowControl(flow_control, config.tenants, seats)
 
         for program in programs:
             self._add_program(program, spec)
@@ -251,6 +262,8 @@ class Simulation:
                 self._arrive(subject, t)
             elif kind == _WAKE:
                 self._wake(subject, t)
+            elif kind == _GATE:
+                self._release_held(t)
             elif kind == _START:
                 self._start_step(subject, t)
             else:
@@ -258,11 +271,40 @@ class Simulation:
         return self._metrics()
 
     def _arrive(self, job: Job, now: float) -> None:
-        """Route the call and queue it on its engine."""
+        """The router got the call: hold it at the gate, or route it at once."""
         self.jobs.append(job)
         job.arrived_at = now
+        self.first_arrival.setdefault(job.program.program_id, now)  # events come in time order
+        if self.gate is not None:
+            run = job.program
+            band = self.tenants.band(run.owner, run.priority)
+            job.band = band
+            if self.gate.arrive(job, band, run.owner or "", now) is not None:
+                self.calls_held += 1
+                self._look_at_gate()
+                return
+        self._route(job, now)
+
+    def _release_held(self, now: float) -> None:
+        """Send the calls the gate lets go now (an aged one as band 0)."""
+        assert self.gate is not None
+        self._gate_look = None
+        for held in self.gate.release(now):
+            held.item.band = held.band
+            self._route(held.item, now)
+        self._look_at_gate()
+
+    def _look_at_gate(self) -> None:
+        """Post a look at the gate for when it may let a held call go unasked."""
+        assert self.gate is not None
+        t = self.gate.next_look()
+        if t is not None and (self._gate_look is None or t < self._gate_look):
+            self._gate_look = t
+            self._post(t, _GATE, None)
+
+    def _route(self, job: Job, now: float) -> None:
+        """Route the call and queue it on its engine."""
         program_id = job.program.program_id
-        self.first_arrival.setdefault(program_id, now)  # events come in time order
         route = self.balancer.choose(
             program_id, job.spec.prompt_tokens, [EngineLoad(e.name, e.load) for e in self.engines]
         )
@@ -315,6 +357,10 @@ class Simulation:
         run.done.add(job.spec.id)
         run.calls_left -= 1
         job.finished_at, job.engine = now, self.engines[engine_index].name
+        if self.gate is not None:
+            self.gate.ended(job.band, now)
+            if self.gate.holding():
+                self._post(now, _GATE, None)
         self.table.call_ended(pid, job.call.service, engine_index, now)
         for dep in self.dependents.get((pid, job.spec.id), ()):
             key = (pid, dep.id)
@@ -394,6 +440,8 @@ class Simulation:
         shares = held_shares(sims)
         if shares:
             metrics["held_share_while_others_wait"] = shares
+        if self.gate is not None:
+            metrics["calls_held"] = self.calls_held
         if self.table.sync_s is not None:
             metrics["table_sync_s"] = self.table.sync_s
             metrics.update(self.table.traffic(metrics["makespan"]))
@@ -497,6 +545,7 @@ def simulate(
     greedy_owners: Collection[str] = (),
     table_sync_s: float | None = None,
     timeline_of: str | None = None,
+    flow_control: FlowControlConfig | None = None,
 ) -> SimResult:
     """Run ``programs`` to completion and report the paper's metrics.
 
@@ -523,6 +572,9 @@ def simulate(
     ``directory_reports_per_s``).
     ``timeline_of``: a program id whose calls the result keeps, as the router's
     timeline has them (``SimResult.call_spans``).
+    ``flow_control``: the router holds calls of worse bands while the pool is
+    saturated (:mod:`~autellix_vllm.policy.flow_control`; None: it sends every
+    call at once); the metrics then count ``calls_held``.
     """
     return Simulation(
         programs,
@@ -540,4 +592,5 @@ def simulate(
         greedy_owners=greedy_owners,
         table_sync_s=table_sync_s,
         timeline_of=timeline_of,
+        flow_control=flow_control,
     ).run()
