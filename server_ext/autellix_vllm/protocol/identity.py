@@ -125,6 +125,7 @@ ANONYMOUS_OWNER = "anonymous"
 """The owner of every call that names none (no router, or a router without keys)."""
 PRIORITY_CLASSES: dict[str, int] = {"interactive": 0, "batch": 1}
 """Priority class name -> its band."""
+_CLASS_NAMES = {band: name for name, band in PRIORITY_CLASSES.items()}
 MAX_PRIORITY_BAND = 9
 """The worst band a call may name (bands are 0 .. this)."""
 
@@ -268,18 +269,10 @@ def band_name(band: int) -> str:
     return _CLASS_NAMES.get(band, str(band))
 
 
-_CLASS_NAMES = {band: name for name, band in PRIORITY_CLASSES.items()}
-
-
 def validate_weight(value: object, param: str) -> float:
     """An owner's weight: a positive finite number (a numeric string is accepted)."""
-    if isinstance(value, bool):
-        raise IdentityError(f"{param} must be a number, got a boolean", param)
-    try:
-        weight = _float(value)
-    except (TypeError, ValueError):
-        raise IdentityError(f"{param} must be a number, got {value!r}", param) from None
-    if not (math.isfinite(weight) and weight > 0):
+    weight = validate_service(value, param)  # a finite number >= 0
+    if weight == 0:
         raise IdentityError(f"{param} must be a positive finite number, got {value!r}", param)
     return weight
 
