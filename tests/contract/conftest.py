@@ -36,7 +36,7 @@ LIMIT_FLAGS = ("--max-threads", str(LIMITS.max_threads))  # the routers' limits,
 @pytest.fixture(scope="module")
 def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("contract") / "keys"
-    path.write_text(f"alice: {ALICE_KEY}\nbob: {BOB_KEY}\n")
+    path.write_text(f"alice: {ALICE_KEY}\nbob: {BOB_KEY} weight=2\n")
     return path
 
 

@@ -1,7 +1,8 @@
 """One contract, every path a call takes to an engine (``conftest.py``'s paths):
 owners are isolated, a client's scheduling fields have no effect, a program past
 a limit gets the same answer, a client without our SDK still has its calls
-grouped, and retention hints are checked and passed on the same way.
+grouped, retention hints are checked and passed on the same way, and so is
+the body's own ``priority`` (a band asked for).
 
 What each path is allowed to differ in is stated once, on the path
 (``CallPath.router``, ``CallPath.stranger_refusal``); everything else must be
@@ -186,3 +187,27 @@ async def test_retention_hints_pass_and_a_malformed_one_gets_the_same_400(path: 
     expected = error_body(400, str(error), error.code, error.param)
     status, body = await chat(path, path.alice, {"X-Autellix-Retention-Ttl": "5d"})
     assert (status, body) == (400, expected)
+
+
+async def test_a_body_priority_asks_for_a_band_and_one_that_is_no_band_gets_one_400(
+    path: CallPath,
+) -> None:
+    """vLLM's own ``priority`` field: alice (a key of the default class on a router,
+    the engine key's holder on an engine) lowers her call's class with it, and the
+    engines rank the program in that band; bob's key weighs 2 (the keys file), which
+    a router states to the engines. A priority that is no band: one 400 body."""
+    program_id = unique("prioritized")
+    status, body = await chat(path, path.alice, {"X-Autellix-Program-Id": program_id}, priority=1)
+    assert status == 200, body
+    rows = await eventually(lambda: engine_rows(path, program_id), lambda rows: rows)
+    assert {row["band"] for row in rows} == {1}
+    if path.router:
+        assert (await chat(path, path.bob))[0] == 200
+        weights = [t["owners"].get(owner_of(BOB_KEY), {}).get("weight") for t in
+                   await engine_tables(path)]  # fmt: skip
+        assert 2.0 in weights and set(weights) <= {2.0, None}, weights
+    with pytest.raises(IdentityError) as malformed:
+        read_identity(priority=-1)
+    error = malformed.value
+    expected = error_body(400, str(error), error.code, error.param)
+    assert await chat(path, path.alice, priority=-1) == (400, expected)
