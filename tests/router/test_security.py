@@ -219,11 +219,15 @@ async def test_the_engine_gets_the_engine_key_and_only_the_routers_scheduling_fi
             "X-Autellix-Program-Id": "mine",
             "X-Autellix-Prior-Service": "1e300",
             "X-Autellix-Owner": "key-someone-else",
+            "X-Autellix-Weight": "1e6",
+            "X-Autellix-Priority": "batch",  # a request: the key allows it
+            "X-Vllm-Priority": "-5",  # vLLM's own: never passed on
         }
         body = completion(
             MODEL,
             vllm_xargs={"autellix_prior_service": 1e300, "autellix_owner": "key-x",
                         "autellix_thread_id": "t1", "top_k": 5},
+            priority=3,  # the header wins
         )  # fmt: skip
         for _ in range(2):
             status, _ = await request(
@@ -247,6 +251,9 @@ async def test_the_engine_gets_the_engine_key_and_only_the_routers_scheduling_fi
     first, second, third = engine.posts()
     for sent in (first, second, third):
         assert json.loads(sent.body)["vllm_xargs"] == {"top_k": 5}  # the forged keys are gone
+        assert "priority" not in json.loads(sent.body)
+        assert sent.headers["X-Autellix-Priority"] == "1"  # the band the router states
+        assert "X-Autellix-Weight" not in sent.headers and "X-Vllm-Priority" not in sent.headers
         assert sent.headers["X-Autellix-Program-Id"] == "mine"
         assert sent.headers["X-Autellix-Thread-Id"] == "t1"  # what the router accepted
         assert sent.headers["X-Autellix-Owner"] == owner_of("client-key")  # the router's

@@ -103,6 +103,10 @@ PRIORITY_HEADER = "X-Autellix-Priority"
 WEIGHT_HEADER = "X-Autellix-Weight"
 SESSION_ID_HEADER = "X-Session-ID"
 """vLLM's own session header; the SDK sets it to the program id."""
+VLLM_PRIORITY_HEADER = "X-Vllm-Priority"
+"""vLLM's own priority header (it overrides the body's ``priority``). Not read:
+the router does not pass it on, so an engine orders calls only by the band the
+router states."""
 
 PROGRAM_ID = "autellix_program_id"
 THREAD_ID = "autellix_thread_id"

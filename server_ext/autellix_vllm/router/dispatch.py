@@ -56,7 +56,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from autellix_vllm.policy.config import ServiceMeter
 from autellix_vllm.policy.routing import Balancer, EngineLoad
-from autellix_vllm.protocol.identity import IDENTITY_HEADERS
+from autellix_vllm.protocol.identity import IDENTITY_HEADERS, VLLM_PRIORITY_HEADER
 from autellix_vllm.protocol.openai_errors import mid_stream_error_event, normalized_error
 from autellix_vllm.router.admission import (
     Admitted,
@@ -93,7 +93,7 @@ _DROPPED_HEADERS = frozenset(
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length", "expect",
         "authorization", "accept-encoding",
-        *(header.lower() for header in IDENTITY_HEADERS.values()),
+        *(header.lower() for header in (*IDENTITY_HEADERS.values(), VLLM_PRIORITY_HEADER)),
     }
 )  # fmt: skip
 _CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
