@@ -8,11 +8,13 @@ each of the three cases spans ``--window`` seconds of arrivals. Per seed:
   and beside a batch key's flood at ``--flood`` x capacity in band 1 (the
   batch key's class, ``TenantConfig.bands``). Target: the interactive key's
   P95 program latency with the flood within 1.2x of alone. Shown beside it:
-  the same flood without classes (both keys one owner: today's order).
+  the same flood without classes (both keys one owner: today's order), and
+  with classes and the router's gate (``_gated``: batch calls held at the
+  router while the pool is saturated, ``policy.flow_control``).
 * **throughput**: the batch key's flood beside a little interactive load
   (``--little-load``); the batch key's throughput (its decode tokens over the
   span from its first arrival to its last completion) with classes over
-  without. Target: >= 0.9.
+  without, and with classes and the gate over without. Target: >= 0.9.
 * **split**: two keys of equal weight, each at half of ``--flood``; key ``a``
   runs its agents as programs, key ``b`` sends every call as a program of its
   own. Key ``b``'s calls arrive open-loop, when each would start on an idle
@@ -23,6 +25,10 @@ each of the three cases spans ``--window`` seconds of arrivals. Per seed:
   its own. Targets: b's service within 10% of a's, and a's P95 program latency
   within 1.1x of the run where both keys run programs. Shown beside it: the
   same with one owner for both (today's order, no share).
+
+``--flow-control``: ``both`` (default) runs the classes cases with and without
+the gate, ``on`` or ``off`` only one way (the other's columns are then left
+out); ``--no-split`` leaves out the split cases.
 
     python bench/experiments/tenants.py --seeds 10,11,12,13,14
 """
@@ -38,6 +44,7 @@ from dataclasses import replace
 from typing import Any
 
 from autellix_vllm.policy import DEFAULT_POLICY, PolicyConfig, TenantConfig
+from autellix_vllm.policy.flow_control import FlowControlConfig
 from autellix_vllm.sim.presets import PRESETS
 from autellix_vllm.sim.run import SimResult, simulate
 from autellix_vllm.stats import percentile
@@ -74,12 +81,16 @@ def split(programs: Iterable[ProgramSpec], preset: str) -> list[ProgramSpec]:
     return sorted(out, key=lambda p: p.arrival)
 
 
-def run(case: tuple[list[ProgramSpec], bool, argparse.Namespace]) -> dict[str, Any]:
-    """One simulation; ``owned``: each program keeps its key as owner (else one owner).
+def run(case: tuple[list[ProgramSpec], bool, bool, argparse.Namespace]) -> dict[str, Any]:
+    """One simulation; ``owned``: each program keeps its key as owner (else one
+    owner); ``gated``: the router's gate holds the batch key's calls.
 
     Returns per key: P95 program latency, throughput and (end, tokens) per program.
     """
-    programs, owned, args = case
+    programs, owned, gated, args = case
+    gate = None
+    if gated:
+        gate = FlowControlConfig(args.seat_share, args.reserve, args.linger_s)
     key_of = {p.program_id: p.owner for p in programs}
     if not owned:
         programs = [replace(p, owner=ONE_OWNER) for p in programs]
@@ -87,6 +98,7 @@ def run(case: tuple[list[ProgramSpec], bool, argparse.Namespace]) -> dict[str, A
     result: SimResult = simulate(
         sorted(programs, key=lambda p: p.arrival), args.policy, preset=args.preset,
         max_num_seqs=args.max_num_seqs, config=PolicyConfig(tenants=tenants),
+        flow_control=gate,
     )  # fmt: skip
     per_key: dict[str, dict[str, Any]] = {}
     for p in programs:
@@ -116,23 +128,32 @@ def served_by(keys: dict[str, Any]) -> dict[str, int]:
     return {key: sum(t for end, t in k["done"] if end <= until) for key, k in keys.items()}
 
 
-def cases_of(seed: int, args: argparse.Namespace) -> dict[str, tuple[list[ProgramSpec], bool]]:
+Case = tuple[list[ProgramSpec], bool, bool]  # programs, owned, gated
+
+
+def cases_of(seed: int, args: argparse.Namespace) -> dict[str, Case]:
     interactive = programs_of(args, INTERACTIVE, args.interactive_load, seed)
     little = programs_of(args, INTERACTIVE, args.little_load, seed)
     flood = programs_of(args, BATCH, args.flood, seed + 1000)
-    agents = programs_of(args, AGENTS, args.flood / 2, seed + 2000)
-    splitter = programs_of(args, SPLITTER, args.flood / 2, seed + 3000)
-    splitting = split(splitter, args.preset)
-    return {
-        "alone": (interactive, True),
-        "flood_classes": (interactive + flood, True),
-        "flood_today": (interactive + flood, False),
-        "little_classes": (little + flood, True),
-        "little_today": (little + flood, False),
-        "behave": (agents + splitter, True),
-        "split_share": (agents + splitting, True),
-        "split_today": (agents + splitting, False),
+    cases: dict[str, Case] = {
+        "alone": (interactive, True, False),
+        "flood_today": (interactive + flood, False, False),
+        "little_today": (little + flood, False, False),
     }
+    if args.split:
+        agents = programs_of(args, AGENTS, args.flood / 2, seed + 2000)
+        splitter = programs_of(args, SPLITTER, args.flood / 2, seed + 3000)
+        splitting = split(splitter, args.preset)
+        cases["behave"] = (agents + splitter, True, False)
+        cases["split_share"] = (agents + splitting, True, False)
+        cases["split_today"] = (agents + splitting, False, False)
+    if args.flow_control in ("off", "both"):
+        cases["flood_classes"] = (interactive + flood, True, False)
+        cases["little_classes"] = (little + flood, True, False)
+    if args.flow_control in ("on", "both"):
+        cases["flood_gated"] = (interactive + flood, True, True)
+        cases["little_gated"] = (little + flood, True, True)
+    return cases
 
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,31 +165,36 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     for k, seed in enumerate(args.seeds):
         r = dict(zip(names, results[k * len(names) : (k + 1) * len(names)], strict=True))
         alone = r["alone"][INTERACTIVE]["p95"]
-        share, today = served_by(r["split_share"]), served_by(r["split_today"])
-        rows.append({
+        row: dict[str, Any] = {
             "seed": seed,
             "interactive_p95_alone": alone,
-            "interactive_p95_ratio": r["flood_classes"][INTERACTIVE]["p95"] / alone,
             "interactive_p95_ratio_today": r["flood_today"][INTERACTIVE]["p95"] / alone,
-            "batch_throughput_ratio": (
-                r["little_classes"][BATCH]["throughput"] / r["little_today"][BATCH]["throughput"]
-            ),
-            "split_service_ratio": share[SPLITTER] / share[AGENTS],
-            "split_service_ratio_today": today[SPLITTER] / today[AGENTS],
-            "agents_p95_ratio": r["split_share"][AGENTS]["p95"] / r["behave"][AGENTS]["p95"],
-            "agents_p95_ratio_today": (
-                r["split_today"][AGENTS]["p95"] / r["behave"][AGENTS]["p95"]
-            ),
-        })  # fmt: skip
-    summary = {
-        f"worst_{name}": max(row[name] for row in rows)
-        for name in ("interactive_p95_ratio", "agents_p95_ratio")
-    }
-    summary["worst_batch_throughput_ratio"] = min(r["batch_throughput_ratio"] for r in rows)
-    summary["worst_split_service_gap"] = max(abs(r["split_service_ratio"] - 1) for r in rows)
-    summary["mean_split_service_ratio_today"] = statistics.fmean(
-        r["split_service_ratio_today"] for r in rows
-    )
+        }
+        for suffix, flood, little in (("", "flood_classes", "little_classes"),
+                                      ("_gated", "flood_gated", "little_gated")):  # fmt: skip
+            if flood in r:
+                row[f"interactive_p95_ratio{suffix}"] = r[flood][INTERACTIVE]["p95"] / alone
+                row[f"batch_throughput_ratio{suffix}"] = (
+                    r[little][BATCH]["throughput"] / r["little_today"][BATCH]["throughput"]
+                )
+        if args.split:
+            share, today = served_by(r["split_share"]), served_by(r["split_today"])
+            behave = r["behave"][AGENTS]["p95"]
+            row["split_service_ratio"] = share[SPLITTER] / share[AGENTS]
+            row["split_service_ratio_today"] = today[SPLITTER] / today[AGENTS]
+            row["agents_p95_ratio"] = r["split_share"][AGENTS]["p95"] / behave
+            row["agents_p95_ratio_today"] = r["split_today"][AGENTS]["p95"] / behave
+        rows.append(row)
+    names = ("interactive_p95_ratio", "interactive_p95_ratio_gated", "agents_p95_ratio")
+    summary = {f"worst_{name}": max(row[name] for row in rows) for name in names if name in rows[0]}
+    for name in ("batch_throughput_ratio", "batch_throughput_ratio_gated"):
+        if name in rows[0]:
+            summary[f"worst_{name}"] = min(row[name] for row in rows)
+    if args.split:
+        summary["worst_split_service_gap"] = max(abs(r["split_service_ratio"] - 1) for r in rows)
+        summary["mean_split_service_ratio_today"] = statistics.fmean(
+            r["split_service_ratio_today"] for r in rows
+        )
     return {"seeds": rows, **summary}
 
 
@@ -198,6 +224,36 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=TenantConfig.band_aging_s,
         help="(default: %(default)s)",
+    )
+    add(
+        "--no-split",
+        dest="split",
+        action="store_false",
+        help="leave out the split cases (the gate does not act on them: one band)",
+    )
+    add(
+        "--flow-control",
+        choices=("off", "on", "both"),
+        default="both",
+        help="the router's gate in the classes cases (default: %(default)s)",
+    )
+    add(
+        "--seat-share",
+        type=float,
+        default=FlowControlConfig.seat_share,
+        help="the gate's FlowControlConfig.seat_share (default: %(default)s)",
+    )
+    add(
+        "--reserve",
+        type=float,
+        default=FlowControlConfig.reserve,
+        help="the gate's FlowControlConfig.reserve (default: %(default)s)",
+    )
+    add(
+        "--linger-s",
+        type=float,
+        default=FlowControlConfig.linger_s,
+        help="the gate's FlowControlConfig.linger_s (default: %(default)s)",
     )
     add("--seeds", type=_seeds, default=[0, 1, 2, 3, 4], help="SEED,... (default: 0,1,2,3,4)")
     add("--workers", type=int, default=2, help="(default: %(default)s)")  # fmt: skip

@@ -174,9 +174,12 @@ def test_the_tenants_experiment_reports_each_target_per_seed(capsys):
     result = json.loads(capsys.readouterr().out)
     (row,) = result["seeds"]
     assert row["interactive_p95_alone"] > 0
-    for ratio in ("interactive_p95_ratio", "batch_throughput_ratio", "split_service_ratio"):
+    ratios = ("interactive_p95_ratio", "batch_throughput_ratio", "split_service_ratio",
+              "interactive_p95_ratio_gated", "batch_throughput_ratio_gated")  # fmt: skip
+    for ratio in ratios:
         assert row[ratio] > 0
     assert result["worst_batch_throughput_ratio"] == row["batch_throughput_ratio"]
+    assert result["worst_batch_throughput_ratio_gated"] == row["batch_throughput_ratio_gated"]
 
 
 def test_a_split_program_is_one_program_per_call_arriving_open_loop():
