@@ -265,7 +265,7 @@ async def test_metrics_and_a_dead_upstream(engine, start_router):
             'autellix_router_calls_total{engine="engine-0",reason="round-robin"} 3.0',
             "autellix_router_programs_active 3.0",
             "autellix_router_proxy_overhead_seconds_count 3.0",
-            'autellix_router_call_seconds_count{key="anonymous"} 3.0',
+            'autellix_router_call_seconds_count{class="interactive",key="anonymous"} 3.0',
         ):
             assert line in text, line
 
