@@ -27,7 +27,7 @@ shape. What is relied on, and why:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import vllm
 from vllm.v1.core.kv_cache_utils import get_block_hash
@@ -38,6 +38,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from autellix_vllm.protocol.identity import CallIdentity, read_identity
+
+if TYPE_CHECKING:
+    from vllm.config import KVTransferConfig
 
 PINNED_VLLM_VERSION = "0.32.0"
 VLLM_VERSION: str = vllm.__version__
@@ -129,22 +132,29 @@ def tokens_to_compute(request: Request) -> int:
 HOST_TIER_CONNECTORS = ("OffloadingConnector", "SimpleCPUOffloadConnector")
 
 
+def _host_tier_transfer(scheduler: Scheduler) -> KVTransferConfig | None:
+    """The engine's KV transfer config if it is a host tier, else None."""
+    transfer = scheduler.vllm_config.kv_transfer_config
+    if transfer is not None and transfer.kv_connector in HOST_TIER_CONNECTORS:
+        return transfer
+    return None
+
+
 def has_host_kv_tier(scheduler: Scheduler) -> bool:
     """Whether vLLM offloads this engine's KV blocks to host memory, so that a context
     evicted from the device comes back by a transfer instead of a prefill."""
-    transfer = scheduler.vllm_config.kv_transfer_config
-    return transfer is not None and transfer.kv_connector in HOST_TIER_CONNECTORS
+    return _host_tier_transfer(scheduler) is not None
 
 
 def host_tier_blocks(scheduler: Scheduler) -> int:
     """Blocks of this engine's KV its host tier can keep (0 without one). vLLM sizes
     the tier in bytes over all workers (``cpu_bytes_to_use``, from
     --kv-offloading-size); a block takes its layers' pages on every worker."""
-    if not has_host_kv_tier(scheduler):
+    transfer = _host_tier_transfer(scheduler)
+    if transfer is None:
         return 0
-    config = scheduler.vllm_config
-    tier_bytes = config.kv_transfer_config.kv_connector_extra_config.get("cpu_bytes_to_use", 0)
-    block_bytes = config.parallel_config.world_size * sum(
+    tier_bytes = transfer.kv_connector_extra_config.get("cpu_bytes_to_use", 0)
+    block_bytes = scheduler.vllm_config.parallel_config.world_size * sum(
         group.kv_cache_spec.page_size_bytes * len(group.layer_names)
         for group in scheduler.kv_cache_config.kv_cache_groups
     )

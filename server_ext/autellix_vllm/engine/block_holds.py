@@ -151,7 +151,7 @@ class EngineResidency:
             computed = adapter.computed_tokens(call.payload)
             return undo_cost(computed, computed if self.reloadable else 0)
 
-        def key(request: Request) -> tuple[int, float, Rank]:
+        def key(request: Request) -> tuple[int, int, float, Rank]:
             return Residency.victim_key(calls[request.request_id], rank, cost)
 
         adapter.set_kv_victim_order(sorted(running, key=key, reverse=True))

@@ -77,6 +77,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+RawHeader = tuple[bytes, bytes]  # ASGI's (name, value), the name in lower case
 
 # The error code of a body that is not the JSON a route needs (as the router's).
 INVALID_JSON = "invalid_json"
@@ -109,7 +110,7 @@ class IdentityMiddleware:
             await self.app(scope, receive, send)
             return
         body = await _read_body(receive)
-        headers: list[Header] = scope["headers"]
+        headers: list[RawHeader] = scope["headers"]
         may_state = may_state_router_fields(self.engine_key, _header(headers, b"authorization"))
         try:
             if scope["path"].rstrip("/") in GENERATION_PATHS:
@@ -196,7 +197,9 @@ def drop_router_stated(body: bytes) -> bytes:
     object if it has none, or is not a JSON object)."""
     payload = _parse(body)
     xargs = payload.get(XARGS_FIELD) if isinstance(payload, dict) else None
-    found = [key for key in ROUTER_STATED_XARGS if key in xargs] if isinstance(xargs, dict) else []
+    if not isinstance(xargs, dict):
+        return body
+    found = [key for key in ROUTER_STATED_XARGS if key in xargs]
     if not found:
         return body
     for key in found:
@@ -290,7 +293,7 @@ def _is_json_post(scope: Scope) -> bool:
     return content_type.split(b";")[0].strip().lower() == b"application/json"
 
 
-def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+def _header(headers: Iterable[RawHeader], name: bytes) -> bytes | None:
     """The value of header ``name`` (lower case), or None."""
     return next((value for key, value in headers if key.lower() == name), None)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from vllm.config.scheduler import SchedulerPolicy
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
@@ -40,7 +41,7 @@ def model_free_scheduler(
     max_num_batched_tokens: int,
     max_model_len: int,
     block_size: int,
-    policy: str = "priority",
+    policy: SchedulerPolicy = "priority",
 ) -> Scheduler:
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec

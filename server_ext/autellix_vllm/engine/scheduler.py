@@ -49,7 +49,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autellix_vllm.engine import _vllm_adapter as adapter
 from autellix_vllm.engine._vllm_adapter import (
@@ -190,16 +190,19 @@ class ProgramRequestQueue(RequestQueue):
             self.core.enqueue(call)
 
 
-class AutellixSchedulerMixin:
+# mypy reads the mixin as a vLLM ``Scheduler`` (the class it is mixed into), so its
+# `super()` calls and `self` passed as the scheduler are checked against vLLM's API;
+# at run time it is a plain mixin, and the MRO is the concrete classes' below.
+if TYPE_CHECKING:
+    _MixinBase = Scheduler
+else:
+    _MixinBase = object
+
+
+class AutellixSchedulerMixin(_MixinBase):
     """The Autellix logic, mixed into vLLM's ``Scheduler`` or ``AsyncScheduler``."""
 
-    # Provided by vLLM's scheduler class this is mixed into.
-    running: list[Request]
-    requests: dict[str, Request]
-    waiting: RequestQueue
-    # mypy reads this class alone, not with the vLLM scheduler it is mixed into:
-    # each call up to that scheduler (`super()`, `# type: ignore[misc]`) and each
-    # `self` passed or typed as one (`[arg-type]`, `[assignment]`) is ignored.
+    waiting: ProgramRequestQueue  # vLLM's, replaced in __init__
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         settings = SchedulerSettings.from_env(os.environ)  # before vLLM builds anything
@@ -207,9 +210,7 @@ class AutellixSchedulerMixin:
         self.core = settings.core(seats=adapter.batch_seats(self))
         self.trusts_router_fields = settings.trusts_router_fields
         self.calls: dict[str, Call] = {}  # request id -> call, while the request lives
-        self.residency = (
-            EngineResidency(self, self.core) if self.core.policy.kv_aware else None  # type: ignore[arg-type]
-        )
+        self.residency = EngineResidency(self, self.core) if self.core.policy.kv_aware else None
         admissible = self.residency.admissible if self.residency is not None else None
         self.waiting = ProgramRequestQueue(self.core, self.calls, admissible)
         self.calls_without_identity = 0
@@ -244,7 +245,7 @@ class AutellixSchedulerMixin:
             if self.residency is not None:
                 call = self.calls[request.request_id]
                 self._residency_hook(Hook.RESIDENCY_ARRIVED, self.residency.arrived, call)
-        super().add_request(request)  # type: ignore[misc]
+        super().add_request(request)
 
     def _register(self, request: Request) -> None:
         identity = adapter.call_identity(request)
@@ -280,7 +281,7 @@ class AutellixSchedulerMixin:
                 self._residency_hook(
                     Hook.RESIDENCY_FINISHING, self.residency.finishing, request, call, aborted
                 )
-        return super()._free_request(request, delay_free_blocks)  # type: ignore[misc]
+        return super()._free_request(request, delay_free_blocks)
 
     # ---- each step ------------------------------------------------------------------
 
@@ -300,7 +301,7 @@ class AutellixSchedulerMixin:
                 Hook.PREEMPTION, error, "this step runs without (further) preemptions"
             )
         preemptions = self.core.counters.preemptions
-        output = super().schedule(throttle_prefills)  # type: ignore[misc]
+        output = super().schedule(throttle_prefills)
         self.kv_preemptions += self.core.counters.preemptions - preemptions
         return output
 
@@ -317,7 +318,7 @@ class AutellixSchedulerMixin:
         if not self.core.outranks(head, self.calls[self.running[-1].request_id]):
             return
         running = [self.calls[r.request_id] for r in self.running]
-        free_seats = adapter.batch_seats(self) - len(running)  # type: ignore[arg-type]
+        free_seats = adapter.batch_seats(self) - len(running)
         for victim in self.core.victims(running, free_seats, self.waiting.admissible):
             if self._preempt(victim, now):
                 running.remove(victim)
@@ -339,7 +340,7 @@ class AutellixSchedulerMixin:
     def _head_blocked(self, head: Call) -> WaiterPreemptionReason | None:
         """What keeps the best waiter out of this step: KV blocks, the token
         budget, or nothing (None)."""
-        scheduler: Scheduler = self  # type: ignore[assignment]
+        scheduler: Scheduler = self
         if self.residency is not None:  # its held blocks are not free, but it hits them
             need = self.residency.kv_blocks_needed(head)
         else:
@@ -354,7 +355,7 @@ class AutellixSchedulerMixin:
     def _preempt(self, call: Call, now: float) -> bool:
         # vLLM returns the request to `waiting`, i.e. to ProgramRequestQueue._wait,
         # which tells the core (core.preempt).
-        return adapter.preempt_running(self, call.payload, now)  # type: ignore[arg-type]
+        return adapter.preempt_running(self, call.payload, now)
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         # Before vLLM advances num_computed_tokens: split_scheduled_tokens needs it.
@@ -367,7 +368,7 @@ class AutellixSchedulerMixin:
                 self.core.faults.record(Hook.CHARGE, error, "the call is not charged for the step")
         if by_time and tokens:
             self._step_started[id(scheduler_output)] = (time.monotonic(), dict(tokens))
-        super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
+        super()._update_after_schedule(scheduler_output)
 
     def _start_and_charge(self, call: Call, num_tokens: int) -> None:
         if call.state is not CallState.RUNNING:
@@ -399,7 +400,7 @@ class AutellixSchedulerMixin:
                     self.core.faults.record(
                         Hook.CHARGE, error, "the call is not charged for the step"
                     )
-        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
         # A step ran: the wait clock moves (starving calls are promoted, idle
         # programs are evicted).
         try:
