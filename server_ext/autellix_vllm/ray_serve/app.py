@@ -90,7 +90,9 @@ def deployment_options(config: RayServeConfig) -> dict[str, dict[str, Any]]:
             "graceful_shutdown_timeout_s": GRACEFUL_SHUTDOWN_TIMEOUT_S,
             "ray_actor_options": {"num_cpus": config.engine_cpus, "num_gpus": config.engine_gpus},
             "request_router_config": RequestRouterConfig(
-                request_router_class=ROUTERS[config.router], request_router_kwargs=router_kwargs
+                # Ray types every keyword of RequestRouterConfig as a dict (**kwargs: dict).
+                request_router_class=ROUTERS[config.router],  # type: ignore[arg-type]
+                request_router_kwargs=router_kwargs,
             ),
         },
         # Every ingress replica's calls pass the directory: it takes them all at once.
@@ -110,7 +112,9 @@ def deployment_options(config: RayServeConfig) -> dict[str, dict[str, Any]]:
 def build_app(config: RayServeConfig) -> Any:
     """The bound Serve application (``serve.run`` takes it)."""
     options = deployment_options(config)
-    deploy = lambda cls: serve.deployment(cls, name=cls.__name__, **options[cls.__name__])  # noqa: E731
+    # Ray types serve.deployment as the decorator it returns without a class, so the
+    # class is passed to that decorator.
+    deploy = lambda cls: serve.deployment(name=cls.__name__, **options[cls.__name__])(cls)  # noqa: E731
     engines = deploy(EngineReplica).bind(config.engine, config.engine_key)
     directory = deploy(ProgramDirectory).bind(**config.directory)
     return deploy(Ingress).bind(engines, directory, config.ingress)

@@ -36,7 +36,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -52,7 +52,11 @@ from autellix_vllm.protocol.openai_errors import (
     status_error_code,
 )
 from autellix_vllm.protocol.paths import GENERATION_PATHS, PROGRAMS_PATH
-from autellix_vllm.ray_serve._ray_adapter import REPLICA_FAILURES, DeploymentHandle
+from autellix_vllm.ray_serve._ray_adapter import (
+    REPLICA_FAILURES,
+    DeploymentHandle,
+    DeploymentResponseGenerator,
+)
 from autellix_vllm.ray_serve.messages import (
     AnswerHead,
     Arrival,
@@ -242,17 +246,26 @@ class Ingress:
             engine_call.avoid = tuple(failed)
             # The session id is the program's: Ray's consistent-hash router keys on it.
             handle = self.engines.options(session_id=engine_call.program_key)
-            stream = None
+            # The head first, then the body's bytes.
+            stream: DeploymentResponseGenerator[Any] | None = None
             try:
                 if engine_call.stream:
-                    stream = handle.options(stream=True).generate.remote(engine_call)
+                    # remote() is typed for either option; stream=True gives the generator.
+                    stream = cast(
+                        DeploymentResponseGenerator[Any],
+                        handle.options(stream=True).generate.remote(engine_call),
+                    )
                     head: AnswerHead = await stream.__anext__()
                 else:
                     head = await handle.answer.remote(engine_call)
                 if head.engine_failed:
                     failed.append(head.replica)
                     raise _NotAnswered(f"the engine of replica {head.replica} could not take it")
-                first = head.body if head.body is not None else await anext(stream, b"")
+                if head.body is not None:
+                    first = head.body
+                else:  # only a stream's head comes without its body
+                    assert stream is not None
+                    first = await anext(stream, b"")
             except REPLICA_FAILURES as error:
                 if stream is not None:
                     stream.cancel()

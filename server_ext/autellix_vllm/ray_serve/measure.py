@@ -138,14 +138,16 @@ def breakdown(calls: int) -> dict[str, Any]:
         ingress=IngressSettings(chars_per_token=CHARS_PER_TOKEN),
     )
 
-    @serve.deployment(name="Answer", ray_actor_options={"num_cpus": 0})
     class Answer:
         async def __call__(self, request: object) -> str:
             return "ok"
 
+    # Called, not a class decorator: mypy keeps a decorated class's own type.
+    answer = serve.deployment(name="Answer", ray_actor_options={"num_cpus": 0})(Answer)
+
     with router_process() as router_url, local_cluster() as port:
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")
-        serve.run(Answer.bind(), name="answer", route_prefix="/answer")
+        serve.run(answer.bind(), name="answer", route_prefix="/answer")
         ray_client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         router_client = httpx.Client(base_url=router_url, timeout=60)
         directory = serve.get_deployment_handle("ProgramDirectory", APP_NAME)
