@@ -16,11 +16,15 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest.mock import patch
 
 from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 from autellix_vllm.stats import percentile
+
+if TYPE_CHECKING:
+    from autellix_vllm.engine._vllm_adapter import Scheduler
+    from autellix_vllm.engine.model_free import SchedulerPolicy
 
 BLOCK_SIZE = 16
 PROMPT_TOKENS = 32
@@ -38,6 +42,10 @@ def measure(
     model_dir = model_free.write_config_only_model(Path(tempfile.mkdtemp()) / "model")
     # The waiting programs' prior service puts them in worse levels; an engine
     # honours prior service only with an engine key (engine.settings.engine_key).
+    cases: tuple[tuple[str, type[Scheduler], SchedulerPolicy], ...] = (
+        ("vllm_fcfs", adapter.Scheduler, "fcfs"),
+        ("autellix", AutellixScheduler, "priority"),
+    )
     with patch.dict(os.environ, {ENGINE_KEY_VARIABLE: "bench-scheduler"}):
         schedulers = {
             name: model_free.model_free_scheduler(
@@ -50,10 +58,7 @@ def measure(
                 block_size=BLOCK_SIZE,
                 policy=policy,
             )
-            for name, cls, policy in (
-                ("vllm_fcfs", adapter.Scheduler, "fcfs"),
-                ("autellix", AutellixScheduler, "priority"),
-            )
+            for name, cls, policy in cases
         }
     for scheduler in schedulers.values():
         _fill(scheduler, running, waiting, warmup)

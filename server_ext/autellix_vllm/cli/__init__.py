@@ -110,7 +110,13 @@ def _command_parser(
         parser = choices.choices[getattr(args, choices.dest)]
 
 
-def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any) -> str:
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: str | None = None,
+) -> str:
     """A warning as one line, for a user at a terminal (no source line)."""
     return f"autellix: {category.__name__}: {message}\n"
 

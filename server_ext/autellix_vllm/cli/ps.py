@@ -245,7 +245,7 @@ def format_table(table: dict[str, Any], sort_by: str = "age") -> str:
     )
     header = ("PROGRAM", "NAME", "CLASS", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT",
               "AGE", "OWNER")  # fmt: skip
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for p in programs:
         rows.append((*_program_cells(p, down), printable(p.get("owner") or "-")))
     total = table.get("total", len(programs))
@@ -260,7 +260,7 @@ def format_ended(ended: dict[str, Any]) -> str:
     programs = ended.get("programs", [])
     header = ("PROGRAM", "NAME", "CLASS", "ENGINE", "THR", "RUN", "CALLS", "SERVICE", "WAIT",
               "AGE", "ENDED", "OWNER")  # fmt: skip
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for p in programs:
         ago = f"{human_duration(p.get('ended_ago_s', 0.0))} ago"
         rows.append((*_program_cells(p, set()), ago, printable(p.get("owner") or "-")))
@@ -272,7 +272,7 @@ def format_ended(ended: dict[str, Any]) -> str:
 def format_keys(keys: list[dict[str, Any]]) -> str:
     """The keys' accounts (the listing's ``keys``), by name: each key's class,
     weight, service, share (service over weight) and programs in the table."""
-    rows = [("KEY", "CLASS", "WEIGHT", "SERVICE", "SHARE", "PROGRAMS")]
+    rows: list[tuple[str, ...]] = [("KEY", "CLASS", "WEIGHT", "SERVICE", "SHARE", "PROGRAMS")]
     for k in keys:
         rows.append((
             printable(k.get("name") or "-"),
@@ -307,7 +307,7 @@ def format_timeline(timeline: dict[str, Any]) -> str:
     )
     header = ("START", "THREAD", "CALL", "ENGINE", "QUEUE", "PREFILL", "DECODE", "OTHER",
               "PROMPT", "CACHED", "OUT", "GAP")  # fmt: skip
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for call in calls:
         rows.append((
             _seconds(call["start_s"]),
@@ -328,9 +328,10 @@ def format_timeline(timeline: dict[str, Any]) -> str:
 def _waterfall(call: dict[str, Any], latency_s: float) -> str:
     """One call's line of the waterfall, ``WATERFALL_WIDTH`` characters for ``latency_s``."""
     scale = WATERFALL_WIDTH / latency_s if latency_s > 0 else 0.0
-    parts = [(call.get(p), mark) for p, mark in (("queue_s", "q"), ("prefill_s", "p"),
-                                                 ("decode_s", "d"), ("other_s", "="))]  # fmt: skip
-    if any(seconds is None for seconds, _ in parts):
+    phases = [(call.get(p), mark) for p, mark in (("queue_s", "q"), ("prefill_s", "p"),
+                                                  ("decode_s", "d"), ("other_s", "="))]  # fmt: skip
+    parts = [(seconds, mark) for seconds, mark in phases if seconds is not None]
+    if len(parts) < len(phases):  # a phase without timings: the call as one
         parts = [(call["duration_s"], "#")]
     parts.append((call.get("gap_after_s") or 0.0, "."))
     bar = " " * round(call["start_s"] * scale)
