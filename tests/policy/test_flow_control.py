@@ -61,7 +61,9 @@ def test_a_better_call_lingers_after_it_ended():
     assert held is not None
     g.ended(0, 1.0)  # 6 in flight + 3 reserved for the lingering call: full
     assert g.release(1.0) == []
-    assert g.next_look() == pytest.approx(3.0)
+    assert g.next_look(1.0) == pytest.approx(3.0)
+    # Never a moment past: once the linger is over, the next is the held call's bound.
+    assert g.next_look(3.5) == pytest.approx(AGING)
     assert [h.item for h in g.release(3.0)] == ["b6"]
 
 
@@ -93,7 +95,7 @@ def test_a_held_call_goes_as_band_0_at_the_starvation_bound():
     assert g.arrive("b1", 1, "b", 0.0) is None
     held = g.arrive("b2", 1, "b", 5.0)
     assert held is not None
-    assert g.next_look() == pytest.approx(5.0 + AGING)
+    assert g.next_look(5.0) == pytest.approx(5.0 + AGING)
     assert g.release(4.0 + AGING) == []
     assert [h.item for h in g.release(5.0 + AGING)] == ["b2"]
     assert held.aged and held.band == 0
@@ -114,7 +116,7 @@ def test_a_dropped_call_never_goes():
     g.drop(held)  # twice is harmless
     g.ended(1, 1.0)
     assert [h.item for h in g.release(1.0)] == ["b3"]
-    assert g.next_look() is None
+    assert g.next_look(1.0) is None
 
 
 def test_the_config_is_checked():

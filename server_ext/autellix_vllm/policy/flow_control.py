@@ -179,14 +179,15 @@ class FlowControl(Generic[T]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def next_look(self) -> float | None:
-        """When :meth:`release` may let a held call go though no call ended: it
-        reaches the starvation bound, or a better call stops lingering (None:
-        nothing is held)."""
+    def next_look(self, now: float) -> float | None:
+        """When after ``now`` :meth:`release` may let a held call go though no
+        call ended: it reaches the starvation bound, or a better call stops
+        lingering (None: nothing is held)."""
         aging = self.next_aging()
-        if aging is None or not self._lingering:
-            return aging
-        return min(aging, self._lingering[0][0])
+        if aging is None:
+            return None
+        self._expire(now)
+        return min(aging, self._lingering[0][0]) if self._lingering else aging
 
     # ---- what it shows -----------------------------------------------------------------
 

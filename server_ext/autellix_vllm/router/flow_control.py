@@ -129,9 +129,10 @@ class Gate:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        at = self.control.next_look()
+        now = self.clock()
+        at = self.control.next_look(now)
         if at is not None:
-            delay = max(0.0, at - self.clock())
+            delay = max(0.0, at - now)
             self._timer = asyncio.get_running_loop().call_later(delay, self._release)
 
     def _seats(self) -> int | None:

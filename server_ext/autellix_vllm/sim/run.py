@@ -281,7 +281,7 @@ class Simulation:
             job.band = band
             if self.gate.arrive(job, band, run.owner or "", now) is not None:
                 self.calls_held += 1
-                self._look_at_gate()
+                self._look_at_gate(now)
                 return
         self._route(job, now)
 
@@ -292,12 +292,12 @@ class Simulation:
         for held in self.gate.release(now):
             held.item.band = held.band
             self._route(held.item, now)
-        self._look_at_gate()
+        self._look_at_gate(now)
 
-    def _look_at_gate(self) -> None:
+    def _look_at_gate(self, now: float) -> None:
         """Post a look at the gate for when it may let a held call go unasked."""
         assert self.gate is not None
-        t = self.gate.next_look()
+        t = self.gate.next_look(now)
         if t is not None and (self._gate_look is None or t < self._gate_look):
             self._gate_look = t
             self._post(t, _GATE, None)
