@@ -23,13 +23,14 @@ from typing import Any
 import autellix
 import httpx2
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from autellix_vllm.bench.fake_upstream import COMPLETION_BODY
 from autellix_vllm.bench.subprocesses import FAKE_UPSTREAM_COMMAND, FAKE_UPSTREAM_READY, running
 from autellix_vllm.protocol.paths import PROGRAMS_PATH
 
 MOCK_BASE_URL = "http://mock.invalid/v1"
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 def answer_in_process(request: httpx2.Request) -> httpx2.Response:

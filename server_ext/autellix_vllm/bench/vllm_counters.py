@@ -39,8 +39,9 @@ def read_counters(engine_urls: Iterable[str], timeout_s: float = 30.0) -> dict[s
 def counted_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
     """What the engines counted between two readings, with the prefix-cache hit
     rate over that span (``None`` when nothing was looked up)."""
-    counted: dict[str, float | None] = {name: after[name] - before[name] for name in before}
-    queries = counted["prefix_cache_queries"]
-    hits = counted["prefix_cache_hits"]
+    differences = {name: after[name] - before[name] for name in before}
+    queries = differences["prefix_cache_queries"]
+    hits = differences["prefix_cache_hits"]
+    counted: dict[str, float | None] = {**differences}
     counted["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries else None
     return counted
