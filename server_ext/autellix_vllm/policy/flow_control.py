@@ -51,11 +51,13 @@ class FlowControlConfig:
     # Share of the pool's seats that calls of worse bands may fill.
     seat_share: float = 1.0
     # Seats kept from worse bands for each call of a better band in flight.
-    reserve: float = 4.0
+    reserve: float = 16.0
     # A better band's call still counts as in flight this long after it ended:
     # an agent's next call comes back after a tool gap, and the seats it will
     # want should not fill with worse calls in between.
-    linger_s: float = 0.0
+    linger_s: float = 4.0
+    # reserve 16 and linger_s 4 were chosen on seeds 0-4 of
+    # bench/experiments/tenants.py (docs/scheduling.md, "Flow control").
 
     def __post_init__(self) -> None:
         if not 0 < self.seat_share <= 1:
