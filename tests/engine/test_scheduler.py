@@ -508,3 +508,7 @@ def test_a_failing_registration_runs_the_call_alone(harness, monkeypatch):
     assert scheduler.calls["r"].program.program_id == ALONE_PREFIX + "r"
     harness.run_until_idle(scheduler)
     assert scheduler.autellix_snapshot()["hook_failures"] == {"add_request": 1}
+
+
+def test_the_table_gives_the_batch_size_the_routers_gate_counts(harness):
+    assert harness.scheduler(max_num_seqs=3).autellix_snapshot()["seats"] == 3

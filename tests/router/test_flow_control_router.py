@@ -83,11 +83,11 @@ async def send(url: str, key: str, prompt: str) -> int:
 
 
 async def held_gauge(url: str) -> dict[str, float]:
-    """Band -> ``autellix_router_calls_held``."""
+    """Class -> ``autellix_router_calls_held``."""
     _, metrics = await request("GET", url + "/metrics", headers={"Authorization": "Bearer sk-chat"})
     assert isinstance(metrics, str)
-    pattern = r'^autellix_router_calls_held\{band="(\d+)"\} (\S+)$'
-    return {band: float(value) for band, value in re.findall(pattern, metrics, re.M)}
+    pattern = r'^autellix_router_calls_held\{class="(\w+)"\} (\S+)$'
+    return {name: float(value) for name, value in re.findall(pattern, metrics, re.M)}
 
 
 async def test_batch_calls_wait_at_the_router_and_go_owners_in_turn(start_router, keys_file):
@@ -101,7 +101,9 @@ async def test_batch_calls_wait_at_the_router_and_go_owners_in_turn(start_router
         # The seat is taken: these wait at the router, in this order of arrival.
         for key, prompt in [("sk-nightly", "n1"), ("sk-nightly", "n2"), ("sk-rollouts", "r1")]:
             calls.append(asyncio.create_task(send(url, key, prompt)))
-            await eventually(lambda: held_gauge(url), lambda held: held.get("1") == len(calls) - 1)
+            await eventually(
+                lambda: held_gauge(url), lambda held: held.get("batch") == len(calls) - 1
+            )
         # An interactive call never waits at the router, seat or not.
         calls.append(asyncio.create_task(send(url, "sk-chat", "c1")))
         await eventually(engine.prompts, lambda seen: seen == ["n0", "c1"])
@@ -114,7 +116,7 @@ async def test_batch_calls_wait_at_the_router_and_go_owners_in_turn(start_router
             await eventually(engine.prompts, lambda seen, going=going: seen[-1] == going)
         engine.end("n2")
         assert await asyncio.gather(*calls) == [200] * 5
-        assert await held_gauge(url) == {"1": 0.0}
+        assert await held_gauge(url) == {"batch": 0.0}
     # The engine is told each call's band as admission gave it.
     assert dict(engine.arrived) == {"n0": "1", "c1": None, "n1": "1", "r1": "1", "n2": "1"}
 
@@ -135,9 +137,9 @@ async def test_a_client_that_leaves_while_held_is_dropped(start_router, keys_fil
                     headers={"Authorization": "Bearer sk-nightly"},
                     timeout=aiohttp.ClientTimeout(total=0.5),
                 )
-        await eventually(lambda: held_gauge(url), lambda held: held == {"1": 0.0})
+        await eventually(lambda: held_gauge(url), lambda held: held == {"batch": 0.0})
         later = asyncio.create_task(send(url, "sk-rollouts", "r1"))
-        await eventually(lambda: held_gauge(url), lambda held: held == {"1": 1.0})
+        await eventually(lambda: held_gauge(url), lambda held: held == {"batch": 1.0})
         engine.end("n0")
         await eventually(engine.prompts, lambda seen: seen == ["n0", "r1"])
         engine.end("r1")
