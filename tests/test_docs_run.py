@@ -55,6 +55,18 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --kv-blocks 96 --schedulers fcfs,autellix,thunderagent --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --seed 1 --programs 24 --max-num-seqs 8"
     " --max-model-len 1536 --kv-blocks 64 --json": (PARSE, _ENGINE),
+    "autellix bench engine --workload agent --programs 14 --max-num-seqs 8 --max-model-len 2560"
+    " --kv-blocks 96 --schedulers fcfs,autellix,thunderagent,fcfs --side-by-side --json": (
+        PARSE, _ENGINE),
+    "autellix bench engine --workload agent --seed 1 --programs 24 --max-num-seqs 8"
+    " --max-model-len 1536 --kv-blocks 64 --schedulers fcfs,autellix,thunderagent --json": (
+        PARSE, _ENGINE),
+    "autellix bench engine --workload agent --seed 3 --programs 16 --max-num-seqs 8"
+    " --max-model-len 2048 --schedulers fcfs,autellix,thunderagent,fcfs --side-by-side --json": (
+        PARSE, _ENGINE),
+    "autellix bench engine --workload agent --seed 2 --programs 18 --max-num-seqs 8"
+    " --max-model-len 2048 --kv-blocks 80 --identity derived --schedulers"
+    " fcfs,autellix,thunderagent --json": (PARSE, _ENGINE),
     "autellix bench engine --workload agent --seed 2 --programs 18 --max-num-seqs 8"
     " --max-model-len 2048 --kv-blocks 80 --identity derived --json": (PARSE, _ENGINE),
     "autellix simulate bench-policy --policy plas-atlas --json": (RUN, "median_ms_per_step"),
