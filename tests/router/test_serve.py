@@ -170,7 +170,7 @@ def test_ps_and_top_print_the_table(served):
     assert ps.returncode == 0, ps.stderr
     lines = ps.stdout.splitlines()
     assert "engine-0 up" in lines[0] and "engine-1 up" in lines[0]
-    assert lines[1].split()[:3] == ["PROGRAM", "NAME", "ENGINE"]
+    assert lines[1].split()[:4] == ["PROGRAM", "NAME", "CLASS", "ENGINE"]
     assert len(lines) >= 2 + 20 and any("engine-1" in line for line in lines[2:])
     raw = subprocess.run(
         [*SERVE, "ps", "--url", served.url, "--json"], capture_output=True, text=True, timeout=60
