@@ -36,6 +36,7 @@ from autellix_vllm.protocol.paths import (
 )
 from autellix_vllm.router.admin_client import fetch_table
 from autellix_vllm.workloads.trace import CallSpec, ProgramSpec, write_trace
+from polling import eventually
 
 
 def test_workload_is_seeded_and_fits_the_model():
@@ -343,7 +344,13 @@ async def test_derived_identity_groups_each_conversation_into_one_router_program
     settings = BenchSettings(model="tiny", identity="derived")
     with running(router_command([engine.base_url]), ROUTER_READY) as router:
         results = await replay(router.ready, engine.served_model_name, DERIVED_PROGRAMS, settings)
-        table = fetch_table(router.ready, None)
+        # The router counts a streamed call once it has relayed the stream's end,
+        # which the client may read first: wait for the seven calls to be counted.
+        table = await eventually(
+            lambda: fetch_table(router.ready, None),
+            lambda t: sum(row["calls_completed"] for row in t["programs"]) >= 7,
+            what="the router's table never counted all seven calls",
+        )
     assert [r.calls for r in results] == [5, 2]
     assert all(r.first_call_wait_s > 0 for r in results)  # streamed through the router
     rows = table["programs"]
