@@ -17,8 +17,8 @@ module gives it what the router knows and waits for it:
   nothing a client sends puts it ahead of another key's; a call held to the
   starvation bound is sent as band 0, as the engine would rank it by then.
 
-``autellix_router_calls_held{class}`` gives the calls held now, by class
-(named as the router's other series name them, ``band_name``).
+``autellix_router_calls_held{class}`` (``RouterMetrics.held``) gives the
+calls held now, by class.
 """
 
 from __future__ import annotations
@@ -29,11 +29,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
-from prometheus_client import Gauge
-
 from autellix_vllm.policy.config import TenantConfig
 from autellix_vllm.policy.flow_control import FlowControl, FlowControlConfig, Held
-from autellix_vllm.protocol.identity import band_name
 from autellix_vllm.router.admission import Admitted
 from autellix_vllm.router.engines import EnginePool
 from autellix_vllm.router.metrics import RouterMetrics
@@ -62,13 +59,7 @@ class Gate:
         self.pool = pool
         self.clock = clock
         self._timer: asyncio.TimerHandle | None = None
-        self._held = Gauge(
-            "autellix_router_calls_held",
-            "Calls held at the router while the pool is saturated for their class",
-            ["class"],
-            registry=metrics.registry,
-        )
-        self._bands_shown: set[int] = set()
+        self.metrics = metrics
 
     @contextlib.asynccontextmanager
     async def through(self, admitted: Admitted) -> AsyncIterator[Admitted]:
@@ -145,7 +136,4 @@ class Gate:
         return sum(s for s in seats if s is not None)
 
     def _show(self) -> None:
-        held = self.control.held()
-        for band in self._bands_shown | held.keys():
-            self._held.labels(band_name(band)).set(held.get(band, 0))
-        self._bands_shown |= held.keys()
+        self.metrics.held(self.control.held())

@@ -22,7 +22,7 @@ Series (all prefixed ``autellix_router_``):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -92,8 +92,15 @@ class RouterMetrics:
             buckets=CALL_BUCKETS,
             registry=r,
         )
+        self.calls_held = Gauge(
+            "autellix_router_calls_held",
+            "Calls held at the router while the pool is saturated for their class",
+            ["class"],
+            registry=r,
+        )
         self._calls_by_route: dict[tuple[str, str], Counter] = {}
         self._latency_by_key: dict[tuple[str, int], Histogram] = {}
+        self._held_bands: set[int] = set()  # bands ever held: each reads 0 once empty
 
     def routed(self, engine: str, reason: str) -> None:
         """Count a call sent to ``engine`` for ``reason`` (labelled children are cached)."""
@@ -109,6 +116,12 @@ class RouterMetrics:
             child = self.call_seconds.labels(key_name, band_name(band))
             self._latency_by_key[(key_name, band)] = child
         child.observe(seconds)
+
+    def held(self, by_band: Mapping[int, int]) -> None:
+        """Set the calls held at the flow-control gate now, by band (``router.flow_control``)."""
+        self._held_bands |= by_band.keys()
+        for band in self._held_bands:
+            self.calls_held.labels(band_name(band)).set(by_band.get(band, 0))
 
     def retried(self, failed_engine: str) -> None:
         self.retries.labels(failed_engine).inc()
