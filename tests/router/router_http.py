@@ -6,6 +6,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -72,3 +73,10 @@ def assert_openai_error(status: int, body: object, expected_status: int, code: s
     assert status == expected_status, body
     assert isinstance(body, dict) and set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["code"] == code, body
+
+
+def keys_file_with(folder: Path, text: str) -> str:
+    """A keys file in ``folder`` holding ``text``: what ``api_keys_file`` takes."""
+    path = folder / "keys"
+    path.write_text(text)
+    return str(path)

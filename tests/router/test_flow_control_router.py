@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from autellix_vllm.policy.flow_control import FlowControlConfig
 from polling import eventually
-from router_http import completion, fake_engine_app, request
+from router_http import completion, fake_engine_app, keys_file_with, request
 
 MODEL = "fake-model"
 KEYS = "chat: sk-chat\nnightly: sk-nightly class=batch\nrollouts: sk-rollouts class=batch\n"
@@ -68,9 +68,7 @@ async def held_engine() -> AsyncIterator[HeldEngine]:
 
 @pytest.fixture
 def keys_file(tmp_path: Path) -> str:
-    path = tmp_path / "keys"
-    path.write_text(KEYS)
-    return str(path)
+    return keys_file_with(tmp_path, KEYS)
 
 
 async def send(url: str, key: str, prompt: str) -> int:

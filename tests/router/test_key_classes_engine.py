@@ -22,6 +22,7 @@ from router_http import (
     completion,
     engine_request,
     engine_table,
+    keys_file_with,
     program_row,
     request,
     unique,
@@ -44,9 +45,7 @@ def engine(running_engine):
 
 @pytest.fixture
 def keys_file(tmp_path: Path) -> str:
-    path = tmp_path / "keys"
-    path.write_text(KEYS)
-    return str(path)
+    return keys_file_with(tmp_path, KEYS)
 
 
 def as_key(key: str, program_id: str | None = None) -> dict[str, str]:
