@@ -131,10 +131,27 @@ def test_a_call_without_the_sdks_headers_joins_a_derived_program(served):
     assert on_engine[bobs["program_id"]]["owner"] == served.owner_of(BOB)
 
 
+def engine_among(command: RayServed, timeout_s: float = 300) -> list[psutil.Process]:
+    """The command's processes once its engine core is among them. Serve replaces
+    a replica whose engine failed three health checks (a loaded machine), and the
+    new engine takes a while to start its core."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        started = command.started()
+        names = set()
+        for process in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                names.add(process.name())
+        if any("EngineCore" in name for name in names):
+            return started
+        if time.monotonic() > deadline:
+            tail = command.output.read_text(errors="replace")[-3000:]
+            pytest.fail(f"no engine core among {sorted(names)}; the command's output:\n{tail}")
+        time.sleep(1)
+
+
 def test_sigterm_stops_every_process_the_command_started(served):
-    started = served.command.started()
-    names = {p.name() for p in started}
-    assert any("EngineCore" in name for name in names), names  # the engine is among them
+    started = engine_among(served.command)
     served.command.process.send_signal(signal.SIGTERM)
     assert served.command.process.wait(STOP_TIMEOUT_S) == 0
 

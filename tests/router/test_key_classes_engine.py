@@ -135,9 +135,10 @@ async def test_an_interactive_call_goes_before_a_batch_keys_queued_calls(
     engine, start_router, keys_file
 ):
     """One seat: the batch key's calls queue; an interactive call sent after them
-    goes first (preempting the running one), although its program and its key have
-    attained more service than theirs: without classes it would wait behind all
-    of them (its program ranks at a worse level and its key's share is the larger).
+    goes first (preempting the running one, or taking the seat when it ends),
+    although its program and its key have attained more service than theirs:
+    without classes it would wait behind all of them (its program ranks at a
+    worse level and its key's share is the larger).
 
     Who went first is read from the engine: when each program's call finished, on
     the engine core's clock. The clients' clocks cannot tell on a loaded machine,
@@ -167,5 +168,13 @@ async def test_an_interactive_call_goes_before_a_batch_keys_queued_calls(
         await call("sk-chat", agent, 4)
         await asyncio.gather(*batch)
     table = await engine_table(engine)
+    arrived = program_row(table, agent)["last_arrival_s"]
     done = {p: program_row(table, p)["last_completion_s"] for p in [agent, *batch_programs]}
-    assert done[agent] < min(done[p] for p in batch_programs), done
+    # Batch calls that ended before the interactive call arrived had their turn
+    # fairly (on a loaded machine the client's view of the queue is late); of the
+    # others, only the one on the seat may end first, in the step that admitted
+    # the interactive call, and some must be left to wait behind it.
+    after = sorted(done[p] for p in batch_programs if done[p] > arrived)
+    report = {"arrived": arrived, **done}
+    assert len(after) >= 2, report
+    assert sum(1 for end in after if end < done[agent]) <= 1, report
