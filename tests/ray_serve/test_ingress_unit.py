@@ -12,7 +12,9 @@ import pytest
 
 pytest.importorskip("ray")
 
+from autellix_vllm.policy.flow_control import FlowControlConfig  # noqa: E402
 from autellix_vllm.policy.routing import Route  # noqa: E402
+from autellix_vllm.protocol.identity import CallIdentity  # noqa: E402
 from autellix_vllm.ray_serve.directory import ProgramDirectory  # noqa: E402
 from autellix_vllm.ray_serve.ingress import Ingress, IngressSettings  # noqa: E402
 from autellix_vllm.ray_serve.messages import AnswerHead, EngineCall  # noqa: E402
@@ -39,6 +41,7 @@ class Engines:
     def __init__(self, *replies: str | BaseException) -> None:
         self.replies = list(replies)
         self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.identities: list[CallIdentity] = []  # what each call's engine was to be told
         self.generate = Remote(self._generate)
         self.answer = Remote(self._answer)
         self.models = Remote(self._models)
@@ -57,6 +60,7 @@ class Engines:
         placed_on = reply if isinstance(reply, str) else "dying"
         call.route, call.placed_on = Route(0, "bind", binds=True), placed_on
         self.calls.append((placed_on, call.avoid))
+        self.identities.append(call.identity)
         return Stream(reply, call)
 
 
@@ -79,12 +83,15 @@ class Stream:
 
 
 class Directory:
-    """The directory's handle over a real :class:`ProgramDirectory`."""
+    """The directory's handle over a real :class:`ProgramDirectory` (``options``:
+    its keyword arguments)."""
 
-    def __init__(self) -> None:
-        self.directory = ProgramDirectory()
+    def __init__(self, **options: Any) -> None:
+        self.directory = ProgramDirectory(**options)
         for name in ("issue", "admit", "apply", "end", "page"):
             setattr(self, name, Remote(self._async(getattr(self.directory, name))))
+        for name in ("enter", "leave"):  # async already: the gate's, on the event loop
+            setattr(self, name, Remote(getattr(self.directory, name)))
 
     @staticmethod
     def _async(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -180,3 +187,58 @@ def test_bad_requests_get_the_routers_codes():
     )
     assert [(a.status_code, error(a)["code"]) for a in answers] == [
         (413, "body_too_large"), (405, "method_not_allowed"), (404, "not_found")]  # fmt: skip
+
+
+# One seat, no reserve, no linger: a batch call waits exactly while the seat is taken.
+ONE_SEAT = {"flow_control": FlowControlConfig(seat_share=1.0, reserve=0.0, linger_s=0.0),
+            "seats": 1}  # fmt: skip
+
+
+def batch_chat(program_id: str, call_id: str):
+    answer = chat(program_id, call_id)
+    answer.scope["headers"].append((b"x-autellix-priority", b"batch"))
+    return answer
+
+
+async def left_the_gate(directory: Directory, in_flight: int) -> dict[str, Any]:
+    """The gate once the ingress's leaves reached it (its background sender)."""
+    for _ in range(100):
+        flow = await directory.directory.flow()
+        if flow == {"held": {}, "in_flight": in_flight}:
+            return flow
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"calls still at the gate: {flow}")
+
+
+@pytest.mark.timeout(30)  # a seat never given back holds the next call
+async def test_a_gated_call_goes_with_its_band_and_leaves_the_gate_however_it_ends():
+    engines = Engines("a", ActorDiedError(), ActorDiedError())
+    directory = Directory(**ONE_SEAT)
+    ingress = Ingress(engines, directory, IngressSettings(max_attempts=2))  # type: ignore[arg-type]
+    answered = await ingress(batch_chat("prog-1", "c1"))
+    failed = await ingress(batch_chat("prog-1", "c2"))
+    assert (answered.status_code, failed.status_code) == (200, 502)
+    # The one seat was given back each time: the second call was not held.
+    await left_the_gate(directory, in_flight=0)
+    assert [identity.priority for identity in engines.identities] == [1, 1, 1]
+
+
+@pytest.mark.timeout(30)  # a seat never given back holds the next call
+async def test_a_held_call_whose_client_leaves_never_reaches_a_replica():
+    engines = Engines("a")
+    directory = Directory(**ONE_SEAT)
+    ingress = Ingress(engines, directory, IngressSettings())  # type: ignore[arg-type]
+    assert await directory.directory.enter("taken", 1, "other") is not None  # the one seat
+    waiting = asyncio.create_task(ingress(batch_chat("prog-1", "c1")))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if (await directory.directory.flow())["held"] == {"batch": 1}:
+            break
+    waiting.cancel()  # Serve cancels the handler of a client that left
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await left_the_gate(directory, in_flight=1)  # only the seat taken above
+    assert engines.calls == []
+    directory.directory.apply(ingress.reports.take())
+    (program,) = directory.directory.page(ANONYMOUS, None, 9)["programs"]
+    assert (program["calls_failed"], program["calls_active"]) == (1, 0)

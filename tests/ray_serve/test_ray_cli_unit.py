@@ -3,7 +3,9 @@
 import pytest
 from autellix_vllm.cli import UsageError, build_parser
 from autellix_vllm.cli.ray_serve import config_from_args
+from autellix_vllm.engine.launcher import CPU_MAX_NUM_SEQS
 from autellix_vllm.policy.config import TableBounds
+from autellix_vllm.policy.flow_control import FlowControlConfig
 
 pytest.importorskip("ray")
 
@@ -35,6 +37,24 @@ def test_the_directory_derives_programs_as_the_router_is_told():
     assert made.directory["derived_idle_end_s"] == 60
 
 
+def test_flow_control_fills_the_replicas_seats_summed():
+    assert config().flow_control is None  # off unless asked for
+    made = config("--flow-control", "--replicas", "3", "--max-num-seqs", "4")
+    assert made.flow_control == FlowControlConfig() and made.seats() == 12
+    # A CPU engine's default seats; a GPU engine's are vLLM's to pick by the device.
+    assert config("--flow-control", "--replicas", "2").seats() == 2 * CPU_MAX_NUM_SEQS
+    with pytest.raises(UsageError, match="max-num-seqs"):
+        config("--flow-control", "--engine-gpus", "1")
+    assert config("--flow-control", "--engine-gpus", "1", "--max-num-seqs", "64").seats() == 128
+
+
+def test_a_serve_config_file_states_flow_control_as_its_fields():
+    from autellix_vllm.ray_serve.app import RayServeConfig
+
+    made = RayServeConfig(flow_control={"reserve": 2.0})  # type: ignore[arg-type]
+    assert made.flow_control == FlowControlConfig(reserve=2.0)
+
+
 def test_one_engine_key_for_every_replica_is_kept_out_of_the_ready_line(monkeypatch):
     from autellix_vllm.ray_serve.app import describe
 
@@ -64,7 +84,8 @@ def test_each_deployment_takes_as_many_calls_as_its_callers_send():
     options = deployment_options_of("--replicas", "2", "--ingress-replicas", "3")
     # Serve's default (5 at once) would queue the sixth concurrent client at the proxy.
     assert options["Ingress"]["max_ongoing_requests"] == 1024
-    assert options["ProgramDirectory"]["max_ongoing_requests"] == 3 * 1024
+    # Each call's one request at a time there, and each ingress replica's two senders.
+    assert options["ProgramDirectory"]["max_ongoing_requests"] == 3 * (1024 + 2)
     assert options["EngineReplica"]["max_ongoing_requests"] == 64
     assert (options["Ingress"]["num_replicas"], options["EngineReplica"]["num_replicas"]) == (3, 2)
 

@@ -8,6 +8,10 @@ router (or Ray's own, ``--router``); one process table serves every ingress
 replica. Without ``--address`` a local Ray cluster is started and stopped with
 the command. ``autellix serve`` remains the single-host router.
 
+--flow-control holds calls of worse classes as ``autellix serve`` does, at the
+one process table: the pool's seats are --replicas times --max-num-seqs (on a
+CPU its default; a GPU engine needs --max-num-seqs).
+
   autellix ray-serve --model tiny --replicas 2
   autellix ray-serve --address auto --model smollm2 --replicas 4 --engine-cpus 4
 """
@@ -23,7 +27,11 @@ from typing import TYPE_CHECKING
 from autellix_vllm.cli import UsageError
 from autellix_vllm.cli._arguments import HelpFormatter
 from autellix_vllm.cli.engine import add_engine_arguments, engine_config_from_args
-from autellix_vllm.cli.serve import add_router_arguments, table_bounds_from_args
+from autellix_vllm.cli.serve import (
+    add_router_arguments,
+    flow_control_from_args,
+    table_bounds_from_args,
+)
 from autellix_vllm.protocol.bearer import ENGINE_KEY_VARIABLE
 
 if TYPE_CHECKING:  # imported where used: Ray is an extra
@@ -108,6 +116,7 @@ def config_from_args(args: argparse.Namespace) -> RayServeConfig:
             engine_gpus=args.engine_gpus,
             engine_key=args.engine_key or os.environ.get(ENGINE_KEY_VARIABLE),
             health_check_period_s=args.health_interval,
+            flow_control=flow_control_from_args(args),
             directory={
                 "bounds": table_bounds_from_args(args),
                 "derived_programs": args.derived_programs,

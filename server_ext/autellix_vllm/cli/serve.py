@@ -243,9 +243,9 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--flow-control",
         action="store_true",
-        help="hold calls of worse classes (bands) at the router while the engines are"
-        " saturated for them, instead of queueing them in an engine (docs/scheduling.md,"
-        ' "Flow control")',
+        help="hold calls of worse classes (bands) at the router (ray-serve: at its"
+        " process table) while the engines are saturated for them, instead of queueing"
+        ' them in an engine (docs/scheduling.md, "Flow control")',
     )
     parser.add_argument(
         "--health-interval", type=float, default=1.0, help="seconds between engine probes"
@@ -276,6 +276,11 @@ def table_bounds_from_args(args: argparse.Namespace) -> TableBounds:
     )
 
 
+def flow_control_from_args(args: argparse.Namespace) -> FlowControlConfig | None:
+    """The flow-control gate of ``args`` (``--flow-control``; None: off)."""
+    return FlowControlConfig() if args.flow_control else None
+
+
 def router_config_from_args(
     args: argparse.Namespace, upstreams: list[str], engine_key: str | None
 ) -> RouterConfig:
@@ -296,7 +301,7 @@ def router_config_from_args(
             derived_idle_end_s=args.derived_idle_end,
             health_interval_s=args.health_interval,
             max_attempts=args.max_attempts,
-            flow_control=FlowControlConfig() if args.flow_control else None,
+            flow_control=flow_control_from_args(args),
             allow_remote_upstreams=args.allow_remote_upstreams,
         )
     except (ValueError, OSError) as error:  # OSError: an unreadable keys file

@@ -254,6 +254,15 @@ def server_command(config: EngineConfig, model: ModelSpec, port: int) -> list[st
     return cmd + model.vllm_args(device) + list(config.extra_args)
 
 
+def batch_seats(config: EngineConfig, device: str) -> int | None:
+    """The calls an engine on ``device`` takes into its batch at once: the config's
+    ``max_num_seqs``, else on a CPU :data:`CPU_MAX_NUM_SEQS`; None on a GPU, where
+    vLLM sizes the batch by the device (:func:`device_args`)."""
+    if config.max_num_seqs is not None:
+        return config.max_num_seqs
+    return CPU_MAX_NUM_SEQS if device == "cpu" else None
+
+
 def device_args(config: EngineConfig, device: str) -> list[str]:
     """The vLLM flags whose defaults depend on the device.
 
@@ -268,7 +277,7 @@ def device_args(config: EngineConfig, device: str) -> list[str]:
             raise ValueError(KV_OFFLOAD_NEEDS_GPU)
         return [
             "--max-model-len", str(config.max_model_len or CPU_MAX_MODEL_LEN),
-            "--max-num-seqs", str(config.max_num_seqs or CPU_MAX_NUM_SEQS),
+            "--max-num-seqs", str(batch_seats(config, device)),
             "--enforce-eager",
         ]  # fmt: skip
     args: list[str] = []

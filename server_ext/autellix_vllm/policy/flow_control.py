@@ -193,6 +193,10 @@ class FlowControl(Generic[T]):
 
     # ---- what it shows -----------------------------------------------------------------
 
+    def in_flight(self) -> int:
+        """Calls that went and have not ended, in all bands."""
+        return sum(self._in_flight.values())
+
     def holding(self) -> int:
         """Calls held now, in all bands."""
         return sum(queue.size for queue in self._bands.values())

@@ -12,6 +12,10 @@ are :class:`RayServeConfig`'s fields (docs/operations.md has one).
 program-aware router with ``balancer``), or Ray's own ``pow2`` (power of two
 choices, Serve's default) and ``consistent-hash`` (sticky on Serve's session id,
 ``x-session-id``), the baselines.
+
+``flow_control`` turns on the router's flow-control gate (``autellix serve
+--flow-control``), kept by the directory for the whole pool: its seats are the
+engine replicas' ``max_num_seqs`` summed (:meth:`RayServeConfig.seats`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autellix_vllm.engine.launcher import EngineConfig, batch_seats
+from autellix_vllm.policy.flow_control import FlowControlConfig
 from autellix_vllm.policy.routing import DEFAULT_LOCALITY_THRESHOLD, make_balancer
 from autellix_vllm.ray_serve._ray_adapter import RequestRouterConfig, serve
 from autellix_vllm.ray_serve.directory import ProgramDirectory
@@ -58,6 +64,10 @@ class RayServeConfig:
     # ProgramDirectory's keyword arguments (its bounds: a TableBounds).
     directory: dict[str, Any] = field(default_factory=dict)
     ingress: IngressSettings = field(default_factory=IngressSettings)
+    # Calls of worse bands wait at the directory while the pool is saturated for
+    # them (policy.flow_control; ``autellix ray-serve --flow-control``); None, the
+    # default: every call goes to an engine replica at once.
+    flow_control: FlowControlConfig | None = None
 
     def __post_init__(self) -> None:
         if self.router not in ROUTERS:
@@ -72,6 +82,21 @@ class RayServeConfig:
             make_balancer(self.balancer, self.locality_threshold)
         if isinstance(self.ingress, dict):
             self.ingress = IngressSettings(**self.ingress)
+        if isinstance(self.flow_control, dict):
+            self.flow_control = FlowControlConfig(**self.flow_control)
+        if self.flow_control is not None and self.seats() is None:
+            raise ValueError(
+                "flow control needs the engines' max_num_seqs on a GPU (vLLM sizes the"
+                " batch by the device there): set it (--max-num-seqs)"
+            )
+
+    def seats(self) -> int | None:
+        """The engine replicas' seats summed: the pool the flow-control gate fills
+        (None: unknown, a GPU engine without ``max_num_seqs``)."""
+        # A replica sees a GPU only if Ray gives it one.
+        device = "gpu" if self.engine_gpus > 0 else "cpu"
+        seats = batch_seats(EngineConfig(**self.engine), device)
+        return None if seats is None else seats * self.replicas
 
 
 def deployment_options(config: RayServeConfig) -> dict[str, dict[str, Any]]:
@@ -95,10 +120,13 @@ def deployment_options(config: RayServeConfig) -> dict[str, dict[str, Any]]:
                 request_router_kwargs=router_kwargs,
             ),
         },
-        # Every ingress replica's calls pass the directory: it takes them all at once.
+        # Every ingress replica's calls pass the directory: it takes them all at once
+        # (each holds one request there at a time: its admission, or its wait at the
+        # gate), and each replica's two background senders (reports, the gate's leaves).
         "ProgramDirectory": {
             "num_replicas": 1,
-            "max_ongoing_requests": config.ingress_replicas * config.max_ongoing_ingress_calls,
+            "max_ongoing_requests": config.ingress_replicas
+            * (config.max_ongoing_ingress_calls + 2),
             "ray_actor_options": {"num_cpus": 0},
         },
         "Ingress": {
@@ -116,7 +144,9 @@ def build_app(config: RayServeConfig) -> Any:
     # class is passed to that decorator.
     deploy = lambda cls: serve.deployment(name=cls.__name__, **options[cls.__name__])(cls)  # noqa: E731
     engines = deploy(EngineReplica).bind(config.engine, config.engine_key)
-    directory = deploy(ProgramDirectory).bind(**config.directory)
+    directory = deploy(ProgramDirectory).bind(
+        **config.directory, flow_control=config.flow_control, seats=config.seats()
+    )
     return deploy(Ingress).bind(engines, directory, config.ingress)
 
 

@@ -26,10 +26,19 @@ service is clamped as the router clamps it. Derived programs idle for
 ``derived_idle_end_s`` are ended here as the router ends them (their clients
 never do); the engines drop their contexts on their own idle TTL.
 
+With ``flow_control`` (``autellix ray-serve --flow-control``), the directory
+also keeps the router's flow-control gate for the whole pool (``flow_control``:
+the engine replicas' seats summed, the calls in flight over every ingress
+replica): an admitted call is told to wait at it (``Admission.gated``), and the
+ingress awaits :meth:`ProgramDirectory.enter` before it sends the call to an
+engine replica and names it to :meth:`ProgramDirectory.leave` once it ended.
+
 The directory is plain Python; ``app`` wraps it in a Serve deployment. Errors
 are returned as :class:`~.messages.Refusal` values, not raised: they cross a
 process boundary. Serve runs a replica's plain methods on a thread pool, so
 several admissions may run at once: one lock keeps the table's updates whole.
+The gate's methods are ``async``: they run on the replica's event loop, where
+the held calls wait.
 """
 
 from __future__ import annotations
@@ -40,11 +49,15 @@ from collections.abc import Callable
 from typing import Any
 
 from autellix_vllm.policy.config import DEFAULT_BOUNDS, TableBounds
+from autellix_vllm.policy.flow_control import FlowControlConfig
+from autellix_vllm.protocol.identity import band_name
+from autellix_vllm.ray_serve.flow_control import TicketGate
 from autellix_vllm.ray_serve.messages import Admission, Arrival, CallReport, Refusal
 from autellix_vllm.router.admission import admit, answered, prior_service
 from autellix_vllm.router.config import RouterConfig
 from autellix_vllm.router.derived import ProgramDeriver
 from autellix_vllm.router.errors import ApiError
+from autellix_vllm.router.flow_control import Gate, Pass
 from autellix_vllm.router.keys import Client
 from autellix_vllm.router.programs import ProgramTable
 
@@ -63,10 +76,14 @@ class ProgramDirectory:
         derived_programs: bool = RouterConfig.derived_programs,
         prefix_programs: bool = RouterConfig.prefix_programs,
         derived_idle_end_s: float = RouterConfig.derived_idle_end_s,
+        flow_control: FlowControlConfig | None = None,
+        seats: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``derived_programs``, ``prefix_programs``, ``derived_idle_end_s``: as the
-        router's options of the same names (``RouterConfig``)."""
+        """``derived_programs``, ``prefix_programs``, ``derived_idle_end_s``,
+        ``flow_control``: as the router's options of the same names
+        (``RouterConfig``); ``seats``: the engine replicas' seats summed, the
+        pool the gate fills (None: unknown, the gate holds nothing)."""
         self.limits = bounds.limits
         self.deriver = (
             ProgramDeriver(derived_idle_end_s, prefix_programs) if derived_programs else None
@@ -74,6 +91,11 @@ class ProgramDirectory:
         on_drop = self.deriver.forget if self.deriver is not None else lambda program_id: None
         self.table = ProgramTable(bounds, clock, on_drop)
         self._lock = threading.Lock()
+        # The flow-control gate (None: off, every call goes at once). This path
+        # exports no metrics: the held calls are read with flow().
+        self.gate: TicketGate | None = None
+        if flow_control is not None:
+            self.gate = TicketGate(Gate(flow_control, lambda: seats, lambda held: None))
 
     def issue(self, name: str | None, caller: Client) -> dict[str, Any] | Refusal:
         """Open a program for ``caller`` (``POST /autellix/v1/programs``)."""
@@ -105,11 +127,33 @@ class ProgramDirectory:
         except ApiError as error:
             return _refusal(error)
         record = admitted.record
+        gated = self.gate is not None
         if record is None:
-            return Admission(admitted.identity, prior_service=None, bound_replica=None)
+            return Admission(admitted.identity, prior_service=None, bound_replica=None, gated=gated)
         return Admission(
-            admitted.identity, prior_service(record.service, self.limits), record.engine
+            admitted.identity, prior_service(record.service, self.limits), record.engine, gated
         )
+
+    async def enter(self, ticket: str, band: int, owner: str) -> Pass | None:
+        """Wait at the flow-control gate until the call ``ticket`` (the ingress's
+        name for it) may go; how it goes (``TicketGate.enter``). Without the gate
+        every call goes at once."""
+        if self.gate is None:
+            return Pass(band)
+        return await self.gate.enter(ticket, band, owner)
+
+    async def leave(self, tickets: list[str]) -> None:
+        """The calls ``tickets`` ended, or their clients left: their seats (or their
+        places in the queue) are free."""
+        if self.gate is not None:
+            self.gate.leave(tickets)
+
+    async def flow(self) -> dict[str, Any] | None:
+        """The gate now: calls held by class, and calls in flight (None: no gate)."""
+        if self.gate is None:
+            return None
+        held = {band_name(band): count for band, count in self.gate.held().items()}
+        return {"held": held, "in_flight": self.gate.in_flight()}
 
     def apply(self, reports: list[CallReport]) -> None:
         """Record how calls ended. A report of a program that left the table since

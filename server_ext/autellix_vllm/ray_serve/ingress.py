@@ -21,6 +21,15 @@ engine is told the identity the directory accepted and the program's service
 over all replicas (its replica applies the router's rule on it), never a
 client's scheduling fields (``read_call`` strips them).
 
+Flow control: when the directory keeps the flow-control gate (``autellix
+ray-serve --flow-control``), an admitted call waits for its turn there
+(``ProgramDirectory.enter``, under a ticket of its own) before it goes to an
+engine replica, and once it ended (answered, failed, or its client left, also
+while it was held) its ticket is sent to ``ProgramDirectory.leave``, so that
+its seat goes to the next held call. Leaves travel at once, batched by a
+background task: a request sent from a handler that Serve cancels (its client
+left) would be cancelled with it.
+
 Failover: a call whose replica died, or whose engine could not take it,
 before any byte reached the client, is sent again (same body and call id) to
 another replica, up to ``max_attempts`` tries (tenacity, as in the router): a
@@ -31,10 +40,12 @@ after its start, and it then ends with the router's ``engine_failed_mid_stream``
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -58,6 +69,7 @@ from autellix_vllm.ray_serve._ray_adapter import (
     DeploymentResponseGenerator,
 )
 from autellix_vllm.ray_serve.messages import (
+    Admission,
     AnswerHead,
     Arrival,
     CallReport,
@@ -135,6 +147,10 @@ class Ingress:
         self._models: dict[str, dict[str, Any]] = {}
         self._alone_keys = itertools.count()  # routing keys of calls without a program
         self._flusher: asyncio.Task[None] | None = None
+        # Tickets of gated calls that ended, for the directory's gate (see the module).
+        self.leaving: list[str] = []
+        self._leaves_due = asyncio.Event()
+        self._leaver: asyncio.Task[None] | None = None
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -201,31 +217,36 @@ class Ingress:
             await self._known(),
             self.settings.chars_per_token,
         )
-        admission = _accepted(
+        admission: Admission = _accepted(
             await self.directory.admit.remote(_arrival(call), caller, self.reports.take())
         )
-        identity = admission.identity
-        engine_call = EngineCall(
-            path=call.path,
-            raw=call.raw,
-            identity=identity,
-            stream=call.stream,
-            program_key=identity.program_id or f"alone-{next(self._alone_keys)}",
-            prompt_tokens=call.prompt_tokens,
-            prior_service=admission.prior_service,
-            bound_replica=admission.bound_replica,
-        )
+        identity, ticket = admission.identity, None
         try:
+            if admission.gated:
+                ticket = uuid.uuid4().hex
+                identity = await self._wait_at_gate(ticket, identity)
+            engine_call = EngineCall(
+                path=call.path,
+                raw=call.raw,
+                identity=identity,
+                stream=call.stream,
+                program_key=identity.program_id or f"alone-{next(self._alone_keys)}",
+                prompt_tokens=call.prompt_tokens,
+                prior_service=admission.prior_service,
+                bound_replica=admission.bound_replica,
+            )
             sent = await self._send(engine_call)
-        except BaseException:
+        except BaseException:  # also the client leaving while the call is held
             self._report(call, identity, None, None, completed=False)
+            self._leave(ticket)
             raise
         if call.stream and sent.head.status == 200:
             return StreamingResponse(
-                self._relay(call, identity, sent),
+                self._relay(call, identity, sent, ticket),
                 status_code=200,
                 headers={**sent.head.headers, "Cache-Control": "no-cache"},
             )
+        self._leave(ticket)
         completed = sent.head.status == 200
         service, response_id = read_answer(sent.first, self.meter) if completed else (None, None)
         self._report(call, identity, sent.head, service, completed, response_id)
@@ -287,7 +308,9 @@ class Ingress:
             message = f"no engine could answer after {tries} tries; last: {error}"
             raise ApiError(502, message, "engine_unreachable") from None
 
-    async def _relay(self, call: Call, identity: CallIdentity, sent: _Sent) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, call: Call, identity: CallIdentity, sent: _Sent, ticket: str | None
+    ) -> AsyncIterator[bytes]:
         chunks = _Chunks()
         relay = SseRelay(chunks, self.meter, drop_usage=call.usage_injected)
         completed = False
@@ -314,6 +337,7 @@ class Ingress:
                 sent.body.cancel()
             service = relay.service_so_far(call.prompt_tokens)
             self._report(call, identity, sent.head, service, completed, relay.response_id)
+            self._leave(ticket)
 
     # ---- the directory's reports ---------------------------------------------------------
 
@@ -343,8 +367,10 @@ class Ingress:
         )
 
     def _start_flushing(self) -> None:
+        """Start the background tasks that send reports and leaves to the directory."""
         if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush_forever(), name="autellix-reports")
+            self._flusher = _background(self._flush_forever(), "autellix-reports")
+            self._leaver = _background(self._leave_forever(), "autellix-leaves")
 
     async def _flush_forever(self) -> None:
         """Send the reports no admission carried within ``report_interval_s``."""
@@ -356,6 +382,34 @@ class Ingress:
                     await self.directory.apply.remote(reports)
                 except Exception:
                     log.exception("the directory did not take %d call reports", len(reports))
+
+    # ---- the directory's flow-control gate ----------------------------------------------
+
+    async def _wait_at_gate(self, ticket: str, identity: CallIdentity) -> CallIdentity:
+        """Wait at the directory's gate until the call ``ticket`` may go; the
+        identity it goes with (the caller leaves the gate however the call ends)."""
+        gone = await self.directory.enter.remote(
+            ticket, identity.priority or 0, identity.owner or ""
+        )
+        # None only if the call had left before: never, as it leaves after this.
+        return identity if gone is None else gone.applied(identity)
+
+    def _leave(self, ticket: str | None) -> None:
+        """Queue the leave of a gated call that ended (None: the call was not gated)."""
+        if ticket is not None:
+            self.leaving.append(ticket)
+            self._leaves_due.set()
+
+    async def _leave_forever(self) -> None:
+        """Send the queued leaves to the directory as soon as there are any."""
+        while True:
+            await self._leaves_due.wait()
+            self._leaves_due.clear()
+            tickets, self.leaving = self.leaving, []
+            try:
+                await self.directory.leave.remote(tickets)
+            except Exception:
+                log.exception("the directory did not take %d leaves of its gate", len(tickets))
 
     # ---- small helpers -------------------------------------------------------------------
 
@@ -383,6 +437,13 @@ class Ingress:
             entries = await self.engines.models.remote()
             self._models = {entry["id"]: entry for entry in entries}
         return self._models
+
+
+def _background(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """A task of the replica's own, outside the request that started it: Serve
+    cancels the handle calls of a request whose client left, and a task made in
+    a request's context would have its calls counted as that request's."""
+    return asyncio.create_task(work, name=name, context=contextvars.Context())
 
 
 def _accepted(answer: Any) -> Any:

@@ -75,11 +75,13 @@ class Admission:
     """The directory let a call in: the identity the engine is told (the derived
     program id, if one was derived, and the owner the call runs under), the
     program's service over every replica as an engine is told it (None: none),
-    and the replica the program is bound to, if any."""
+    the replica the program is bound to, if any, and whether the call waits at
+    the directory's flow-control gate before it goes (``ProgramDirectory.enter``)."""
 
     identity: CallIdentity
     prior_service: float | None
     bound_replica: str | None
+    gated: bool = False
 
 
 @dataclass(frozen=True)

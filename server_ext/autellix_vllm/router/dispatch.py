@@ -165,7 +165,7 @@ class Dispatcher:
         # Holds calls of worse bands while the pool is saturated (None: off).
         self.gate: Gate | None = None
         if config.flow_control is not None:
-            self.gate = Gate(config.flow_control, pool, metrics)
+            self.gate = Gate(config.flow_control, pool.seats, metrics.held)
         self.deriver = deriver
         self.tracer = tracer  # None: tracing is off
         self.session = session

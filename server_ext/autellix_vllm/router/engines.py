@@ -131,6 +131,14 @@ class EnginePool:
         """Every model a healthy engine serves -> its /v1/models entry (cached)."""
         return self._models
 
+    def seats(self) -> int | None:
+        """The healthy engines' seats summed; None if one of them does not say
+        (the flow-control gate's pool, ``router.flow_control``)."""
+        seats = [engine.seats for engine in self._healthy]
+        if not seats or None in seats:
+            return None
+        return sum(s for s in seats if s is not None)
+
     async def start(self) -> None:
         """Probe every engine once, then keep probing in the background."""
         await asyncio.gather(*(self.probe(engine) for engine in self.engines))

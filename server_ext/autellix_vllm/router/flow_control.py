@@ -5,8 +5,8 @@ The rule (which calls wait, which go next, the starvation bound) is
 module gives it what the router knows and waits for it:
 
 * the pool's seats are the sum of the healthy engines' batch sizes, as each
-  engine's table reports them (``Engine.seats``); while an engine in rotation
-  reports none (stock vLLM, no table), nothing is held;
+  engine's table reports them (``EnginePool.seats``); while an engine in
+  rotation reports none (stock vLLM, no table), nothing is held;
 * a held call waits on a future that :meth:`Gate.enter` awaits; the gate looks
   again whenever a call that went ends, and at the next moment the rule names
   (a held call's starvation bound, a better call's linger);
@@ -19,6 +19,11 @@ module gives it what the router knows and waits for it:
 
 ``autellix_router_calls_held{class}`` (``RouterMetrics.held``) gives the
 calls held now, by class.
+
+:class:`Gate` itself knows neither engines nor metrics: it is given where the
+seats come from and what to tell of the held calls, so that the Ray Serve
+path's directory (``ray_serve.flow_control``) waits on the same gate with the
+seats of its config.
 """
 
 from __future__ import annotations
@@ -26,14 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 
 from autellix_vllm.policy.config import TenantConfig
 from autellix_vllm.policy.flow_control import FlowControl, FlowControlConfig, Held
+from autellix_vllm.protocol.identity import CallIdentity
 from autellix_vllm.router.admission import Admitted
-from autellix_vllm.router.engines import EnginePool
-from autellix_vllm.router.metrics import RouterMetrics
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,11 @@ class Pass:
     band: int
     aged: bool = False  # held to the starvation bound: it goes as band 0
 
+    def applied(self, identity: CallIdentity) -> CallIdentity:
+        """The identity the call goes with: an aged call's as band 0 (stated as
+        none), as the engine would rank it by then."""
+        return replace(identity, priority=None) if self.aged else identity
+
 
 class Gate:
     """Holds calls of worse bands (asyncio) and lets them go in the rule's order."""
@@ -50,16 +59,19 @@ class Gate:
     def __init__(
         self,
         config: FlowControlConfig,
-        pool: EnginePool,
-        metrics: RouterMetrics,
+        seats: Callable[[], int | None],
+        show: Callable[[Mapping[int, int]], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``seats``: the pool's seats now (None: unknown, nothing is held), asked
+        whenever the gate decides; ``show``: told the calls held, by band, when
+        that changes."""
         # The engines' starvation bound, the same constant (TenantConfig.band_aging_s).
         self.control: FlowControl[asyncio.Future[None]] = FlowControl(config, TenantConfig())
-        self.pool = pool
+        self.seats = seats
+        self.show = show
         self.clock = clock
         self._timer: asyncio.TimerHandle | None = None
-        self.metrics = metrics
 
     @contextlib.asynccontextmanager
     async def through(self, admitted: Admitted) -> AsyncIterator[Admitted]:
@@ -68,16 +80,14 @@ class Gate:
         identity = admitted.identity
         gone = await self.enter(identity.priority or 0, identity.owner or "")
         try:
-            if gone.aged:
-                admitted = replace(admitted, identity=replace(identity, priority=None))
-            yield admitted
+            yield replace(admitted, identity=gone.applied(identity))
         finally:
             self.leave(gone)
 
     async def enter(self, band: int, owner: str) -> Pass:
         """Wait until a call of ``owner`` in ``band`` may go to an engine."""
         now = self.clock()
-        self.control.seats = self._seats()
+        self.control.seats = self.seats()
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         held = self.control.arrive(future, band, owner, now)
         if held is None:
@@ -107,7 +117,7 @@ class Gate:
 
     def _release(self) -> None:
         """Wake the held calls the rule lets go now; look again when it says."""
-        self.control.seats = self._seats()
+        self.control.seats = self.seats()
         now = self.clock()
         while released := self.control.release(now):
             for held in released:
@@ -128,12 +138,5 @@ class Gate:
             delay = max(0.0, at - now)
             self._timer = asyncio.get_running_loop().call_later(delay, self._release)
 
-    def _seats(self) -> int | None:
-        """The healthy engines' seats; None if one of them does not say."""
-        seats = [engine.seats for engine in self.pool.healthy()]
-        if not seats or None in seats:
-            return None
-        return sum(s for s in seats if s is not None)
-
     def _show(self) -> None:
-        self.metrics.held(self.control.held())
+        self.show(self.control.held())
