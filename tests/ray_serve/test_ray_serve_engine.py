@@ -1,7 +1,9 @@
 """The Ray Serve application end to end: a local Ray cluster, two tiny-model engine
-replicas, two ingress replicas, the directory and the program-aware router; then one
-replica killed while programs run. Starts and stops everything itself (a few
-minutes on two cores: most of it is the two engines starting)."""
+replicas, two ingress replicas, the directory with its flow-control gate and the
+program-aware router; then one replica killed while programs run. Starts and stops
+everything itself (a few minutes on two cores: most of it is the two engines
+starting). Every call but the flow-control test's batch calls is interactive
+(band 0), which the gate never holds."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("vllm")
 
+from autellix_vllm.policy.flow_control import FlowControlConfig  # noqa: E402
 from autellix_vllm.ray_serve.app import RayServeConfig, build_app  # noqa: E402
 from ray import serve  # noqa: E402
 
@@ -24,6 +27,9 @@ pytestmark = pytest.mark.engine
 APP = "autellix"
 ENGINE = {"model": "tiny", "max_num_seqs": 4, "max_model_len": 512, "kv_cache_gib": 1,
           "engines_on_host": 2}  # fmt: skip
+SEATS = 2 * ENGINE["max_num_seqs"]
+# A reserve of the whole pool: one interactive call in flight holds every batch call.
+GATE = FlowControlConfig(seat_share=1.0, reserve=SEATS, linger_s=1.0)
 
 
 def free_port() -> int:
@@ -41,7 +47,9 @@ def base_url():
         # Threshold 0: every call is long, so every program binds (sticky). Two
         # ingress replicas: a program's calls enter through either (Serve's proxy
         # picks), so the table and the bindings they share are the directory's.
-        config = RayServeConfig(engine=ENGINE, replicas=2, ingress_replicas=2, locality_threshold=0)
+        config = RayServeConfig(
+            engine=ENGINE, replicas=2, ingress_replicas=2, locality_threshold=0, flow_control=GATE
+        )
         serve.run(build_app(config), name=APP, route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -60,11 +68,13 @@ def model(http) -> str:
     return http.get("/v1/models").json()["data"][0]["id"]
 
 
-def chat(http, model, program_id, call_id, stream=False, max_tokens=8):
+def chat(http, model, program_id, call_id, stream=False, max_tokens=8, priority=None, **options):
     body = {"model": model, "messages": [{"role": "user", "content": f"hello {call_id}"}],
             "max_tokens": max_tokens, "stream": stream}  # fmt: skip
     headers = {"X-Autellix-Program-Id": program_id, "X-Autellix-Call-Id": call_id}
-    return http.post("/v1/chat/completions", json=body, headers=headers)
+    if priority is not None:
+        headers["X-Autellix-Priority"] = priority
+    return http.post("/v1/chat/completions", json=body, headers=headers, **options)
 
 
 def program(http, pid) -> dict:
@@ -116,6 +126,51 @@ def test_errors_are_the_routers_bodies(http, model):
     assert bad_page.status_code == 400 and bad_page.json()["error"]["param"] == "limit"
     broken = http.post("/v1/chat/completions", content=b"{", headers={"Content-Type": "x"})
     assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
+
+
+def eventually(read, wanted, timeout_s=60.0):
+    """``read()`` once ``wanted`` of it holds (failing with the last value after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not wanted(value := read()):
+        assert time.monotonic() < deadline, value
+        time.sleep(0.1)
+    return value
+
+
+def test_a_batch_flood_waits_at_the_directory_while_an_interactive_call_goes(http, model):
+    """The test takes an interactive seat at the directory itself, as a long
+    interactive call would, so that the flood is held for as long as the test
+    needs on a loaded machine; the gate is the directory's, over both ingress
+    replicas."""
+    directory = serve.get_deployment_handle("ProgramDirectory", APP)
+
+    def flow() -> dict:
+        return directory.flow.remote().result()
+
+    programs = [http.post("/autellix/v1/programs").json()["program_id"] for _ in range(6)]
+    *flood, gone = programs
+    assert directory.enter.remote("test-seat", 0, "test").result() is not None
+    with concurrent.futures.ThreadPoolExecutor(len(programs)) as pool:
+        batch = [pool.submit(chat, http, model, pid, "b1", priority="batch") for pid in flood]
+        eventually(flow, lambda now: now["held"] == {"batch": len(flood)})
+        # A client that leaves while its call is held: the call leaves the queue.
+        leaving = pool.submit(chat, http, model, gone, "g1", priority="batch", timeout=5.0)
+        eventually(flow, lambda now: now["held"] == {"batch": len(programs)})
+        with pytest.raises(httpx.ReadTimeout):
+            leaving.result()
+        eventually(flow, lambda now: now["held"] == {"batch": len(flood)})
+        # An interactive call goes at once, past the held ones.
+        agent = http.post("/autellix/v1/programs").json()["program_id"]
+        assert chat(http, model, agent, "i1").status_code == 200
+        assert flow()["held"] == {"batch": len(flood)}
+        assert all(not call.done() for call in batch)
+        directory.leave.remote(["test-seat"]).result()
+        assert [call.result().status_code for call in batch] == [200] * len(flood)
+    # Nothing held is lost, and every call that went has ended: no seat is kept.
+    eventually(flow, lambda now: now == {"held": {}, "in_flight": 0})
+    left = settled(http, gone, 1)
+    assert (left["calls_completed"], left["calls_failed"], left["engines"]) == (0, 1, {})
+    assert all(settled(http, pid, 1)["calls_completed"] == 1 for pid in flood)
 
 
 def test_killing_a_replica_mid_run_loses_no_program(http, model):
