@@ -17,14 +17,17 @@ each of the three cases spans ``--window`` seconds of arrivals. Per seed:
   without, and with classes and the gate over without. Target: >= 0.9.
 * **split**: two keys of equal weight, each at half of ``--flood``; key ``a``
   runs its agents as programs, key ``b`` sends every call as a program of its
-  own. Key ``b``'s calls arrive open-loop, when each would start on an idle
-  pool (its program's arrival plus the tool gaps and the preset's unloaded
-  call times before it), so it does not slow down under load: a harder flood
-  than a client that waits for its answers. Service is the decode tokens of
-  the programs each key completed by the time the first key completed all of
-  its own. Targets: b's service within 10% of a's, and a's P95 program latency
-  within 1.1x of the run where both keys run programs. Shown beside it: the
-  same with one owner for both (today's order, no share).
+  own, in one of two ways: a client that waits for its answers as its agent
+  does (``closed``: each call is sent, as a new program, when the calls it
+  follows returned and its tool gap passed), and one whose calls arrive
+  open-loop, when each would start on an idle pool (its program's arrival
+  plus the tool gaps and the preset's unloaded call times before it), so it
+  does not slow down under load: a harder flood. Service is the decode tokens
+  of the programs each key completed by the time the first key completed all
+  of its own. Targets: b's service within 10% of a's, and a's P95 program
+  latency within 1.1x of the run where both keys run programs. Shown beside
+  the open-loop client: the same with one owner for both (today's order, no
+  share).
 
 ``--flow-control``: ``both`` (default) runs the classes cases with and without
 the gate, ``on`` or ``off`` only one way (the other's columns are then left
@@ -81,13 +84,14 @@ def split(programs: Iterable[ProgramSpec], preset: str) -> list[ProgramSpec]:
     return sorted(out, key=lambda p: p.arrival)
 
 
-def run(case: tuple[list[ProgramSpec], bool, bool, argparse.Namespace]) -> dict[str, Any]:
+def run(case: tuple[list[ProgramSpec], bool, bool, bool, argparse.Namespace]) -> dict[str, Any]:
     """One simulation; ``owned``: each program keeps its key as owner (else one
-    owner); ``gated``: the router's gate holds the batch key's calls.
+    owner); ``gated``: the router's gate holds the batch key's calls;
+    ``splitting``: the splitter's client sends each call as a program of its own.
 
     Returns per key: P95 program latency, throughput and (end, tokens) per program.
     """
-    programs, owned, gated, args = case
+    programs, owned, gated, splitting, args = case
     gate = None
     if gated:
         gate = FlowControlConfig(args.seat_share, args.reserve, args.linger_s)
@@ -98,7 +102,7 @@ def run(case: tuple[list[ProgramSpec], bool, bool, argparse.Namespace]) -> dict[
     result: SimResult = simulate(
         sorted(programs, key=lambda p: p.arrival), args.policy, preset=args.preset,
         max_num_seqs=args.max_num_seqs, config=PolicyConfig(tenants=tenants),
-        flow_control=gate,
+        flow_control=gate, splitting_owners=(SPLITTER,) if splitting else (),
     )  # fmt: skip
     per_key: dict[str, dict[str, Any]] = {}
     for p in programs:
@@ -128,7 +132,7 @@ def served_by(keys: dict[str, Any]) -> dict[str, int]:
     return {key: sum(t for end, t in k["done"] if end <= until) for key, k in keys.items()}
 
 
-Case = tuple[list[ProgramSpec], bool, bool]  # programs, owned, gated
+Case = tuple[list[ProgramSpec], bool, bool, bool]  # programs, owned, gated, splitting
 
 
 def cases_of(seed: int, args: argparse.Namespace) -> dict[str, Case]:
@@ -136,23 +140,24 @@ def cases_of(seed: int, args: argparse.Namespace) -> dict[str, Case]:
     little = programs_of(args, INTERACTIVE, args.little_load, seed)
     flood = programs_of(args, BATCH, args.flood, seed + 1000)
     cases: dict[str, Case] = {
-        "alone": (interactive, True, False),
-        "flood_today": (interactive + flood, False, False),
-        "little_today": (little + flood, False, False),
+        "alone": (interactive, True, False, False),
+        "flood_today": (interactive + flood, False, False, False),
+        "little_today": (little + flood, False, False, False),
     }
     if args.split:
         agents = programs_of(args, AGENTS, args.flood / 2, seed + 2000)
         splitter = programs_of(args, SPLITTER, args.flood / 2, seed + 3000)
         splitting = split(splitter, args.preset)
-        cases["behave"] = (agents + splitter, True, False)
-        cases["split_share"] = (agents + splitting, True, False)
-        cases["split_today"] = (agents + splitting, False, False)
+        cases["behave"] = (agents + splitter, True, False, False)
+        cases["split_closed"] = (agents + splitter, True, False, True)
+        cases["split_share"] = (agents + splitting, True, False, False)
+        cases["split_today"] = (agents + splitting, False, False, False)
     if args.flow_control in ("off", "both"):
-        cases["flood_classes"] = (interactive + flood, True, False)
-        cases["little_classes"] = (little + flood, True, False)
+        cases["flood_classes"] = (interactive + flood, True, False, False)
+        cases["little_classes"] = (little + flood, True, False, False)
     if args.flow_control in ("on", "both"):
-        cases["flood_gated"] = (interactive + flood, True, True)
-        cases["little_gated"] = (little + flood, True, True)
+        cases["flood_gated"] = (interactive + flood, True, True, False)
+        cases["little_gated"] = (little + flood, True, True, False)
     return cases
 
 
@@ -180,18 +185,29 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         if args.split:
             share, today = served_by(r["split_share"]), served_by(r["split_today"])
             behave = r["behave"][AGENTS]["p95"]
+            closed = served_by(r["split_closed"])
+            row["closed_split_service_ratio"] = closed[SPLITTER] / closed[AGENTS]
+            row["closed_agents_p95_ratio"] = r["split_closed"][AGENTS]["p95"] / behave
             row["split_service_ratio"] = share[SPLITTER] / share[AGENTS]
             row["split_service_ratio_today"] = today[SPLITTER] / today[AGENTS]
             row["agents_p95_ratio"] = r["split_share"][AGENTS]["p95"] / behave
             row["agents_p95_ratio_today"] = r["split_today"][AGENTS]["p95"] / behave
         rows.append(row)
-    names = ("interactive_p95_ratio", "interactive_p95_ratio_gated", "agents_p95_ratio")
+    names = (
+        "interactive_p95_ratio",
+        "interactive_p95_ratio_gated",
+        "agents_p95_ratio",
+        "closed_agents_p95_ratio",
+    )
     summary = {f"worst_{name}": max(row[name] for row in rows) for name in names if name in rows[0]}
     for name in ("batch_throughput_ratio", "batch_throughput_ratio_gated"):
         if name in rows[0]:
             summary[f"worst_{name}"] = min(row[name] for row in rows)
     if args.split:
         summary["worst_split_service_gap"] = max(abs(r["split_service_ratio"] - 1) for r in rows)
+        summary["worst_closed_split_service_gap"] = max(
+            abs(r["closed_split_service_ratio"] - 1) for r in rows
+        )
         summary["mean_split_service_ratio_today"] = statistics.fmean(
             r["split_service_ratio_today"] for r in rows
         )

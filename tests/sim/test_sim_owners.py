@@ -1,9 +1,19 @@
 """Programs run by owners in the simulator: greedy hints and the held share."""
 
+from typing import Any
+
 import pytest
 from autellix_vllm.sim.run import Simulation, simulate
 from autellix_vllm.workloads import generate, load_trace, with_owners, write_trace
-from autellix_vllm.workloads.trace import TraceError, parse_program
+from autellix_vllm.workloads.trace import ProgramSpec, TraceError, parse_program
+
+
+def simulation(programs: list[ProgramSpec], preset: str, **options: Any) -> Simulation:
+    """A simulation of ``programs`` on one engine of ``preset`` under the default policy."""
+    return Simulation(
+        programs, "autellix", engines=1, lb="round-robin", preset=preset, max_num_seqs=None,
+        config=None, locality_threshold=2048, stop_above=None, **options,
+    )  # fmt: skip
 
 
 def test_programs_are_run_by_owners_in_turn_and_traces_keep_them(tmp_path):
@@ -18,11 +28,7 @@ def test_programs_are_run_by_owners_in_turn_and_traces_keep_them(tmp_path):
 
 def test_a_greedy_owner_claims_the_longest_hold_on_every_call():
     programs = with_owners(generate("bfcl", 4, 1.0, seed=0), 2)
-    sim = Simulation(
-        programs, "autellix", engines=1, lb="round-robin", preset="a100-llama8b",
-        max_num_seqs=None, config=None, locality_threshold=2048, stop_above=None,
-        retention_hints=True, greedy_owners=("owner-0",),
-    )  # fmt: skip
+    sim = simulation(programs, "a100-llama8b", retention_hints=True, greedy_owners=("owner-0",))
     for program in programs:
         hints = {sim.hints[(program.program_id, c.id)] for c in program.calls}
         if program.owner == "owner-0":
@@ -40,3 +46,25 @@ def test_the_held_share_is_reported_per_owner_once_two_run():
     shares = shared.metrics["held_share_while_others_wait"]
     assert set(shares) == {"owner-0", "owner-1"}
     assert all(0 <= share <= 1 for share in shares.values())
+
+
+def test_a_splitting_owners_calls_are_programs_of_their_own_in_their_agents_order():
+    programs = with_owners(generate("bfcl", 4, 1.0, seed=0), 2)
+    sim = simulation(programs, "a100-llama8b-kv", end_programs=False, splitting_owners=("owner-0",))
+    result = sim.run()
+    seen = {program.program_id for program in sim.engines[0].core.table}
+    for program in programs:
+        ids = {f"{program.program_id}/{c.id}" for c in program.calls}
+        if program.owner == "owner-0":  # the engine saw every call as a program
+            assert ids <= seen and program.program_id not in seen
+        else:
+            assert program.program_id in seen and not ids & seen
+    # Closed loop: a split call still waits for the calls it follows and its tool gap.
+    jobs = {(job.program.program_id, job.spec.id): job for job in sim.jobs}
+    for program in programs:
+        for call in program.calls:
+            if call.after:
+                ended = max(jobs[(program.program_id, b)].finished_at for b in call.after)
+                arrived = jobs[(program.program_id, call.id)].arrived_at
+                assert arrived == pytest.approx(ended + call.tool_gap)
+    assert set(result.program_latency) == {p.program_id for p in programs}

@@ -195,7 +195,7 @@ class SimEngine:
     def submit(self, job: Job, now: float, prior_service: float) -> None:
         spec = job.spec
         identity = CallIdentity(
-            job.program.program_id,
+            job.sent_as,
             thread_id=spec.thread,
             parent_thread_id=spec.parent_thread,
             call_id=spec.id,
@@ -209,7 +209,7 @@ class SimEngine:
         job.wait_since = now
         if self.rules is not None:
             blocks = ceil_blocks(job.prompt, self.kv.block_size)
-            self.rules.waiting(job.program.program_id, job.context, blocks)
+            self.rules.waiting(job.sent_as, job.context, blocks)
         self.core.enqueue(job.call)
 
     def end_program(self, program_id: str) -> None:

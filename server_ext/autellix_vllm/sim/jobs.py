@@ -51,10 +51,14 @@ class Job:
     # Its band at the router's gate (None: no gate); 0 once it was held to the
     # starvation bound, which the engine is then told.
     band: int | None = None
+    # The program id its client sends with it (empty: its program's); a client
+    # that splits its program sends each call as a program of its own.
+    sent_as: str = ""
 
     def __post_init__(self) -> None:
         self.prompt = max(self.spec.prompt_tokens, 1)
-        pid = self.program.program_id
+        self.sent_as = self.sent_as or self.program.program_id
+        pid = self.sent_as
         self.context = pid if self.spec.context is None else f"{pid}/{self.spec.context}"
 
     @property

@@ -141,6 +141,7 @@ class Simulation:
         end_programs: bool = True,
         retention_hints: bool = False,
         greedy_owners: Collection[str] = (),
+        splitting_owners: Collection[str] = (),
         table_sync_s: float | None = None,
         timeline_of: str | None = None,
         flow_control: FlowControlConfig | None = None,
@@ -157,6 +158,7 @@ class Simulation:
         self.end_programs = end_programs
         self.retention_hints = retention_hints
         self.greedy_owners = frozenset(greedy_owners)
+        self.splitting_owners = frozenset(splitting_owners)
         self.timeline_of = timeline_of
         self.longest_hold_s = config.residency.max_ttl_s
         self.started = time.perf_counter()
@@ -239,8 +241,15 @@ class Simulation:
                 self._post(program.arrival + c.tool_gap, _ARRIVE, self._job(c, run))
 
     def _job(self, spec: CallSpec, run: ProgramRun) -> Job:
-        """A call of ``run``, with the client's retention hint if clients give them."""
-        return Job(spec, run, retention_hint_s=self.hints.get((run.program_id, spec.id)))
+        """A call of ``run``, with the client's retention hint if clients give them,
+        sent as a program of its own if its owner's client splits its programs."""
+        splits = run.owner is not None and run.owner in self.splitting_owners
+        return Job(
+            spec,
+            run,
+            retention_hint_s=self.hints.get((run.program_id, spec.id)),
+            sent_as=f"{run.program_id}/{spec.id}" if splits else "",
+        )
 
     def _post(self, t: float, kind: int, subject: Any) -> None:
         heapq.heappush(self.events, (t, kind, next(self._sequence), subject))
@@ -304,7 +313,7 @@ class Simulation:
 
     def _route(self, job: Job, now: float) -> None:
         """Route the call and queue it on its engine."""
-        program_id = job.program.program_id
+        program_id = job.sent_as
         route = self.balancer.choose(
             program_id, job.spec.prompt_tokens, [EngineLoad(e.name, e.load) for e in self.engines]
         )
@@ -361,20 +370,27 @@ class Simulation:
             self.gate.ended(job.band, now)
             if self.gate.holding():
                 self._post(now, _GATE, None)
-        self.table.call_ended(pid, job.call.service, engine_index, now)
+        self.table.call_ended(job.sent_as, job.call.service, engine_index, now)
         for dep in self.dependents.get((pid, job.spec.id), ()):
             key = (pid, dep.id)
             self.waiting_on[key] -= 1
             if self.waiting_on[key] == 0:
                 self._post(now + dep.tool_gap, _ARRIVE, self._job(dep, run))
+        if job.sent_as != pid:  # a program of one call, which its client ends
+            self._end(job.sent_as)
         if run.calls_left == 0:
             run.end = now
-            self.balancer.forget(pid)
-            if self.end_programs:
-                for engine in self.engines:
-                    engine.end_program(pid)
+            self._end(pid)
             if self.bound is not None:
                 self.bound.finished(run)
+
+    def _end(self, program_id: str) -> None:
+        """The program's last call completed: the router forgets it and, if clients
+        end their programs, so do the engines."""
+        self.balancer.forget(program_id)
+        if self.end_programs:
+            for engine in self.engines:
+                engine.end_program(program_id)
 
     # ---- results ---------------------------------------------------------------------
 
@@ -543,6 +559,7 @@ def simulate(
     end_programs: bool = True,
     retention_hints: bool = False,
     greedy_owners: Collection[str] = (),
+    splitting_owners: Collection[str] = (),
     table_sync_s: float | None = None,
     timeline_of: str | None = None,
     flow_control: FlowControlConfig | None = None,
@@ -565,6 +582,10 @@ def simulate(
     the longest hold (``ResidencyConfig.max_ttl_s``) with every call, whatever
     their programs do. With programs of two owners or more, the metrics give each
     owner's ``held_share_while_others_wait`` (see :func:`held_shares`).
+    ``splitting_owners``: the clients of these owners send every call as a program
+    of its own (a new program id, ended when the call returns), still waiting for
+    the calls it follows and its tool gap as their agent does: the scheduler, the
+    router's table and the prefix cache see each call as a new program.
     ``table_sync_s``: calls see their program's service over all engines as the
     Ray Serve directory has it, with report batches every ``table_sync_s``
     seconds (:class:`~.directory.ServiceTable`; None: one always fresh table); the
@@ -590,6 +611,7 @@ def simulate(
         end_programs=end_programs,
         retention_hints=retention_hints,
         greedy_owners=greedy_owners,
+        splitting_owners=splitting_owners,
         table_sync_s=table_sync_s,
         timeline_of=timeline_of,
         flow_control=flow_control,
