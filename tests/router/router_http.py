@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -80,3 +81,13 @@ def keys_file_with(folder: Path, text: str) -> str:
     path = folder / "keys"
     path.write_text(text)
     return str(path)
+
+
+async def held_gauge(url: str, key: str) -> dict[str, float]:
+    """The router at ``url``'s calls held at its flow-control gate, by class
+    (``autellix_router_calls_held``), read from its /metrics with ``key``."""
+    headers = {"Authorization": f"Bearer {key}"}
+    status, metrics = await request("GET", url + "/metrics", headers=headers)
+    assert status == 200 and isinstance(metrics, str), metrics
+    pattern = r'^autellix_router_calls_held\{class="(\w+)"\} (\S+)$'
+    return {name: float(value) for name, value in re.findall(pattern, metrics, re.M)}

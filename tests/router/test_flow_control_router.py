@@ -4,14 +4,14 @@ The fake engine has one seat (its table says so) and answers a call only when
 the test lets it, so the test decides when calls end: the batch keys' calls
 past the seat wait at the router, in the rule's order (owners in turn), an
 interactive call never waits, a client that leaves while held is dropped, and
-a call held to the starvation bound goes as band 0.
+a call held to the starvation bound goes as band 0. The gate alone: a held call
+let go after its client left frees its seat and does not linger.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +20,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 from autellix_vllm.policy.flow_control import FlowControlConfig
+from autellix_vllm.router.flow_control import Gate
 from polling import eventually
-from router_http import completion, fake_engine_app, keys_file_with, request
+from router_http import completion, fake_engine_app, held_gauge, keys_file_with, request
 
 MODEL = "fake-model"
+CHAT = "sk-chat"  # reads /metrics (no admin key is set)
 KEYS = "chat: sk-chat\nnightly: sk-nightly class=batch\nrollouts: sk-rollouts class=batch\n"
 USAGE = {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
 GATE = FlowControlConfig(seat_share=1.0, reserve=0.0, linger_s=0.0)
@@ -80,14 +82,6 @@ async def send(url: str, key: str, prompt: str) -> int:
     return status
 
 
-async def held_gauge(url: str) -> dict[str, float]:
-    """Class -> ``autellix_router_calls_held``."""
-    _, metrics = await request("GET", url + "/metrics", headers={"Authorization": "Bearer sk-chat"})
-    assert isinstance(metrics, str)
-    pattern = r'^autellix_router_calls_held\{class="(\w+)"\} (\S+)$'
-    return {name: float(value) for name, value in re.findall(pattern, metrics, re.M)}
-
-
 async def test_batch_calls_wait_at_the_router_and_go_owners_in_turn(start_router, keys_file):
     async with (
         held_engine() as engine,
@@ -100,7 +94,7 @@ async def test_batch_calls_wait_at_the_router_and_go_owners_in_turn(start_router
         for key, prompt in [("sk-nightly", "n1"), ("sk-nightly", "n2"), ("sk-rollouts", "r1")]:
             calls.append(asyncio.create_task(send(url, key, prompt)))
             await eventually(
-                lambda: held_gauge(url), lambda held: held.get("batch") == len(calls) - 1
+                lambda: held_gauge(url, CHAT), lambda held: held.get("batch") == len(calls) - 1
             )
         # An interactive call never waits at the router, seat or not.
         calls.append(asyncio.create_task(send(url, "sk-chat", "c1")))
@@ -114,7 +108,7 @@ async def test_batch_calls_wait_at_the_router_and_go_owners_in_turn(start_router
             await eventually(engine.prompts, lambda seen, going=going: seen[-1] == going)
         engine.end("n2")
         assert await asyncio.gather(*calls) == [200] * 5
-        assert await held_gauge(url) == {"batch": 0.0}
+        assert await held_gauge(url, CHAT) == {"batch": 0.0}
     # The engine is told each call's band as admission gave it.
     assert dict(engine.arrived) == {"n0": "1", "c1": None, "n1": "1", "r1": "1", "n2": "1"}
 
@@ -135,9 +129,9 @@ async def test_a_client_that_leaves_while_held_is_dropped(start_router, keys_fil
                     headers={"Authorization": "Bearer sk-nightly"},
                     timeout=aiohttp.ClientTimeout(total=0.5),
                 )
-        await eventually(lambda: held_gauge(url), lambda held: held == {"batch": 0.0})
+        await eventually(lambda: held_gauge(url, CHAT), lambda held: held == {"batch": 0.0})
         later = asyncio.create_task(send(url, "sk-rollouts", "r1"))
-        await eventually(lambda: held_gauge(url), lambda held: held == {"batch": 1.0})
+        await eventually(lambda: held_gauge(url, CHAT), lambda held: held == {"batch": 1.0})
         engine.end("n0")
         await eventually(engine.prompts, lambda seen: seen == ["n0", "r1"])
         engine.end("r1")
@@ -162,3 +156,23 @@ async def test_a_call_held_to_the_starvation_bound_goes_as_band_0(start_router, 
         engine.end("n1")
         assert await asyncio.gather(first, aged) == [200, 200]
     assert dict(engine.arrived) == {"n0": "1", "n1": None}
+
+
+async def test_a_call_let_go_after_its_client_left_does_not_linger():
+    """A seat that frees in the turn of the event loop in which a held call's
+    handler was cancelled lets that call go with its future already cancelled:
+    it never reaches an engine, so it must not linger as an ended call would,
+    which would keep worse bands out of its seat for linger_s."""
+    config = FlowControlConfig(seat_share=1.0, reserve=0.0, linger_s=60.0)
+    gate = Gate(config, seats=lambda: 1, show=lambda held: None)
+    first = await gate.enter(2, "rollouts")  # the one seat
+    leaving = asyncio.create_task(gate.enter(1, "nightly"))
+    await asyncio.sleep(0)
+    assert gate.control.held() == {1: 1}
+    leaving.cancel()  # cancels the future it waits on now; its handler resumes later
+    gate.leave(first)  # the seat goes to the call whose client left
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    # Nothing in flight, and only band 2 lingers, which does not hold band 2: the
+    # seat is free for it (a lingering band-1 call would hold it).
+    assert not gate.control.saturated(2, gate.clock())

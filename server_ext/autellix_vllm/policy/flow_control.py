@@ -140,12 +140,16 @@ class FlowControl(Generic[T]):
         heapq.heappush(self._aging, (now + self.aging_s, next(self._seq), held))
         return held
 
-    def ended(self, band: int, now: float) -> None:
-        """A call that went in ``band`` (its :attr:`Held.band` if it was held) ended."""
+    def ended(self, band: int, now: float, went: bool = True) -> None:
+        """A call that went in ``band`` (its :attr:`Held.band` if it was held) ended.
+
+        ``went`` False: :meth:`release` let it go after its client had left, so it
+        never reached an engine; its seat frees and, as no program of it will come
+        back, it does not linger."""
         self._in_flight[band] -= 1
         if self._in_flight[band] <= 0:
             del self._in_flight[band]
-        if self.config.linger_s > 0:
+        if went and self.config.linger_s > 0:
             self._lingering.append((now + self.config.linger_s, band))
             self._lingers[band] += 1
 

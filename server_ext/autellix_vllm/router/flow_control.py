@@ -122,7 +122,7 @@ class Gate:
         while released := self.control.release(now):
             for held in released:
                 if held.item.done():  # cancelled with its handler: it never goes
-                    self.control.ended(held.band, now)
+                    self.control.ended(held.band, now, went=False)
                 else:
                     held.item.set_result(None)
         self._show()
