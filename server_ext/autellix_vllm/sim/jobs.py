@@ -58,7 +58,9 @@ class Job:
     def __post_init__(self) -> None:
         self.prompt = max(self.spec.prompt_tokens, 1)
         self.sent_as = self.sent_as or self.program.program_id
-        pid = self.sent_as
+        # The prefix cache is content-addressed, as vLLM's: a split call's prompt
+        # still extends its agent's conversation.
+        pid = self.program.program_id
         self.context = pid if self.spec.context is None else f"{pid}/{self.spec.context}"
 
     @property

@@ -584,8 +584,10 @@ def simulate(
     owner's ``held_share_while_others_wait`` (see :func:`held_shares`).
     ``splitting_owners``: the clients of these owners send every call as a program
     of its own (a new program id, ended when the call returns), still waiting for
-    the calls it follows and its tool gap as their agent does: the scheduler, the
-    router's table and the prefix cache see each call as a new program.
+    the calls it follows and its tool gap as their agent does: the scheduler and
+    the router's table see each call as a new program; the prefix cache (by
+    content, as vLLM's) still finds what the agent's earlier calls left cached,
+    but no hold keeps it for the next call.
     ``table_sync_s``: calls see their program's service over all engines as the
     Ray Serve directory has it, with report batches every ``table_sync_s``
     seconds (:class:`~.directory.ServiceTable`; None: one always fresh table); the
