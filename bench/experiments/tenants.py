@@ -26,7 +26,7 @@ each of the three cases spans ``--window`` seconds of arrivals. Per seed:
   of the programs each key completed by the time the first key completed all
   of its own. Targets: b's service within 10% of a's, and a's P95 program
   latency within 1.1x of the run where both keys run programs. Shown beside
-  the open-loop client: the same with one owner for both (today's order, no
+  each (``_today``): the same with one owner for both (today's order, no
   share).
 
 ``--flow-control``: ``both`` (default) runs the classes cases with and without
@@ -102,7 +102,8 @@ def run(case: tuple[list[ProgramSpec], bool, bool, bool, argparse.Namespace]) ->
     result: SimResult = simulate(
         sorted(programs, key=lambda p: p.arrival), args.policy, preset=args.preset,
         max_num_seqs=args.max_num_seqs, config=PolicyConfig(tenants=tenants),
-        flow_control=gate, splitting_owners=(SPLITTER,) if splitting else (),
+        flow_control=gate,
+        splitting_programs=[p for p, key in key_of.items() if splitting and key == SPLITTER],
     )  # fmt: skip
     per_key: dict[str, dict[str, Any]] = {}
     for p in programs:
@@ -150,6 +151,7 @@ def cases_of(seed: int, args: argparse.Namespace) -> dict[str, Case]:
         splitting = split(splitter, args.preset)
         cases["behave"] = (agents + splitter, True, False, False)
         cases["split_closed"] = (agents + splitter, True, False, True)
+        cases["split_closed_today"] = (agents + splitter, False, False, True)
         cases["split_share"] = (agents + splitting, True, False, False)
         cases["split_today"] = (agents + splitting, False, False, False)
     if args.flow_control in ("off", "both"):
@@ -185,9 +187,11 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         if args.split:
             share, today = served_by(r["split_share"]), served_by(r["split_today"])
             behave = r["behave"][AGENTS]["p95"]
-            closed = served_by(r["split_closed"])
+            closed, closed_today = served_by(r["split_closed"]), served_by(r["split_closed_today"])
             row["closed_split_service_ratio"] = closed[SPLITTER] / closed[AGENTS]
+            row["closed_split_service_ratio_today"] = closed_today[SPLITTER] / closed_today[AGENTS]
             row["closed_agents_p95_ratio"] = r["split_closed"][AGENTS]["p95"] / behave
+            row["closed_agents_p95_ratio_today"] = r["split_closed_today"][AGENTS]["p95"] / behave
             row["split_service_ratio"] = share[SPLITTER] / share[AGENTS]
             row["split_service_ratio_today"] = today[SPLITTER] / today[AGENTS]
             row["agents_p95_ratio"] = r["split_share"][AGENTS]["p95"] / behave

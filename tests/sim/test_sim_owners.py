@@ -48,9 +48,10 @@ def test_the_held_share_is_reported_per_owner_once_two_run():
     assert all(0 <= share <= 1 for share in shares.values())
 
 
-def test_a_splitting_owners_calls_are_programs_of_their_own_in_their_agents_order():
+def test_a_split_programs_calls_are_programs_of_their_own_in_their_agents_order():
     programs = with_owners(generate("bfcl", 4, 1.0, seed=0), 2)
-    sim = simulation(programs, "a100-llama8b-kv", end_programs=False, splitting_owners=("owner-0",))
+    splitting = [p.program_id for p in programs if p.owner == "owner-0"]
+    sim = simulation(programs, "a100-llama8b-kv", end_programs=False, splitting_programs=splitting)
     result = sim.run()
     seen = {program.program_id for program in sim.engines[0].core.table}
     for program in programs:

@@ -141,7 +141,7 @@ class Simulation:
         end_programs: bool = True,
         retention_hints: bool = False,
         greedy_owners: Collection[str] = (),
-        splitting_owners: Collection[str] = (),
+        splitting_programs: Collection[str] = (),
         table_sync_s: float | None = None,
         timeline_of: str | None = None,
         flow_control: FlowControlConfig | None = None,
@@ -158,7 +158,7 @@ class Simulation:
         self.end_programs = end_programs
         self.retention_hints = retention_hints
         self.greedy_owners = frozenset(greedy_owners)
-        self.splitting_owners = frozenset(splitting_owners)
+        self.splitting_programs = frozenset(splitting_programs)
         self.timeline_of = timeline_of
         self.longest_hold_s = config.residency.max_ttl_s
         self.started = time.perf_counter()
@@ -242,8 +242,8 @@ class Simulation:
 
     def _job(self, spec: CallSpec, run: ProgramRun) -> Job:
         """A call of ``run``, with the client's retention hint if clients give them,
-        sent as a program of its own if its owner's client splits its programs."""
-        splits = run.owner is not None and run.owner in self.splitting_owners
+        sent as a program of its own if its client splits the program."""
+        splits = run.program_id in self.splitting_programs
         return Job(
             spec,
             run,
@@ -559,7 +559,7 @@ def simulate(
     end_programs: bool = True,
     retention_hints: bool = False,
     greedy_owners: Collection[str] = (),
-    splitting_owners: Collection[str] = (),
+    splitting_programs: Collection[str] = (),
     table_sync_s: float | None = None,
     timeline_of: str | None = None,
     flow_control: FlowControlConfig | None = None,
@@ -582,8 +582,8 @@ def simulate(
     the longest hold (``ResidencyConfig.max_ttl_s``) with every call, whatever
     their programs do. With programs of two owners or more, the metrics give each
     owner's ``held_share_while_others_wait`` (see :func:`held_shares`).
-    ``splitting_owners``: the clients of these owners send every call as a program
-    of its own (a new program id, ended when the call returns), still waiting for
+    ``splitting_programs``: the clients of these programs send every call as a
+    program of its own (a new program id, ended when the call returns), still waiting for
     the calls it follows and its tool gap as their agent does: the scheduler and
     the router's table see each call as a new program; the prefix cache (by
     content, as vLLM's) still finds what the agent's earlier calls left cached,
@@ -613,7 +613,7 @@ def simulate(
         end_programs=end_programs,
         retention_hints=retention_hints,
         greedy_owners=greedy_owners,
-        splitting_owners=splitting_owners,
+        splitting_programs=splitting_programs,
         table_sync_s=table_sync_s,
         timeline_of=timeline_of,
         flow_control=flow_control,
