@@ -26,6 +26,9 @@ simulator (``sim.run``) run the same code:
 * **Starvation bound.** A call held ``TenantConfig.band_aging_s`` goes at once,
   saturated or not, as band 0: the bound the engines' order applies to a
   worse band's call (``policy.core``) applies to its wait at the router too.
+  A call let go sooner goes with how long it was held (:attr:`Held.waited_s`,
+  stated to the engine as ``CallIdentity.router_wait_s``), and the engine
+  ages it that much sooner: one bound, counted from the router.
 
 The gate never holds anything when every call is in band 0, so single-band
 workloads are served as without it.
@@ -80,6 +83,8 @@ class Held(Generic[T]):
     aged: bool = False
     # Still waiting at the gate (not released, not dropped).
     waiting: bool = True
+    # Seconds it was held, set when it is released.
+    waited_s: float = 0.0
 
 
 @dataclass
@@ -176,6 +181,8 @@ class FlowControl(Generic[T]):
                 out.append(self._take(queue, band))
             if queue.size:
                 break  # strict bands: a worse band waits while a better one does
+        for held in out:
+            held.waited_s = now - held.since
         return out
 
     def next_aging(self) -> float | None:
