@@ -19,23 +19,31 @@ from autellix_vllm.router.calls import read_call
 
 KEY = "engine-key-1234"
 STATED = CallIdentity(
-    "p", thread_id="t", prior_service=40.0, owner="key-alice", priority=1, weight=3.0
+    "p",
+    thread_id="t",
+    prior_service=40.0,
+    owner="key-alice",
+    priority=1,
+    weight=3.0,
+    router_wait_s=12.5,
 )
 
 
-def test_the_router_stated_fields_are_the_prior_service_the_owner_the_band_and_the_weight():
-    assert ROUTER_STATED == ("prior_service", "owner", "priority", "weight")
+def test_the_router_stated_fields_are_the_service_owner_band_weight_and_router_wait():
+    assert ROUTER_STATED == ("prior_service", "owner", "priority", "weight", "router_wait_s")
     assert ROUTER_STATED_XARGS == (
         "autellix_prior_service",
         "autellix_owner",
         "autellix_priority",
         "autellix_weight",
+        "autellix_router_wait_s",
     )
     assert ROUTER_STATED_HEADERS == (
         "X-Autellix-Prior-Service",
         "X-Autellix-Owner",
         "X-Autellix-Priority",
         "X-Autellix-Weight",
+        "X-Autellix-Router-Wait",
     )
 
 
@@ -68,11 +76,14 @@ def test_the_router_takes_them_from_no_client():
         "X-Autellix-Prior-Service": "1e300",
         "X-Autellix-Owner": "key-victim",
         "X-Autellix-Weight": "1e6",
+        "X-Autellix-Router-Wait": "119",  # would buy an earlier band-0 rank
         "Authorization": f"Bearer {KEY}",  # even a client that knows an engine's key
     }
-    body = {"model": "m", "vllm_xargs": {"autellix_owner": "key-victim", "autellix_weight": 50}}
+    xargs = {"autellix_owner": "key-victim", "autellix_weight": 50, "autellix_router_wait_s": 99}
+    body = {"model": "m", "vllm_xargs": xargs}
     call = read_call("/v1/completions", json.dumps(body).encode(), headers, {"m"}, 4.0)
     assert call.identity == CallIdentity("p")
+    assert "vllm_xargs" not in call.body  # nor does the body carry them on
 
 
 def test_the_middleware_drops_them_from_a_request_that_may_not_state_them():
@@ -80,6 +91,7 @@ def test_the_middleware_drops_them_from_a_request_that_may_not_state_them():
         (b"x-autellix-program-id", b"p"),
         (b"x-autellix-prior-service", b"40"),
         (b"x-autellix-weight", b"2.5"),
+        (b"x-autellix-router-wait", b"30"),
     ]
     body = json.dumps({"model": "m", "vllm_xargs": {"autellix_owner": "o", "k": 1}}).encode()
     trusted = json.loads(rewrite_body(body, headers, may_state_router_fields=True))
@@ -89,6 +101,7 @@ def test_the_middleware_drops_them_from_a_request_that_may_not_state_them():
         "autellix_program_id": "p",
         "autellix_prior_service": 40.0,
         "autellix_weight": 2.5,
+        "autellix_router_wait_s": 30.0,
     }
     untrusted = json.loads(rewrite_body(body, headers, may_state_router_fields=False))
     assert untrusted["vllm_xargs"] == {"k": 1, "autellix_program_id": "p"}

@@ -245,6 +245,33 @@ async def test_a_keyed_engine_takes_a_band_only_from_its_key_holder(keyed_app, i
     assert json.loads(inner.calls[1][1])["vllm_xargs"]["autellix_priority"] == 1
 
 
+async def test_a_keyed_engine_takes_the_router_wait_only_from_its_key_holder(keyed_app, inner):
+    """A client stating a wait would rank as band 0 sooner: only the router may."""
+    wait = ("X-Autellix-Router-Wait", "42.5")
+    forged = {**BODY, "vllm_xargs": {"autellix_router_wait_s": 100}}
+    await call(keyed_app, json.dumps(forged).encode(), [wait])
+    await call(keyed_app, json.dumps(BODY).encode(), [wait, AUTHORIZED])
+    untrusted, trusted = (json.loads(body).get("vllm_xargs", {}) for _, body in inner.calls)
+    assert "autellix_router_wait_s" not in untrusted
+    assert trusted["autellix_router_wait_s"] == 42.5
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "1e999", "later"])
+async def test_a_malformed_router_wait_is_the_routers_400_trusted_or_not(keyed_app, inner, bad):
+    headers = {"X-Autellix-Router-Wait": bad}
+    with pytest.raises(ApiError) as at_router:
+        read_call("/v1/chat/completions", json.dumps(BODY).encode(), headers, {"m"}, 4.0)
+    e = at_router.value
+    expected = (400, error_body(400, e.message, e.code, e.param))
+    assert e.param == "X-Autellix-Router-Wait"
+    for extra in ([], [AUTHORIZED]):
+        status, content = await call(
+            keyed_app, json.dumps(BODY).encode(), [*headers.items(), *extra]
+        )
+        assert (status, json.loads(content)) == expected
+    assert inner.calls == []
+
+
 async def test_the_bodys_priority_is_a_band_from_the_key_holder_and_never_reaches_vllm(
     keyed_app, inner
 ):

@@ -23,8 +23,10 @@ def make(**tenants):
     return ProgramScheduler(Autellix(), config, seats=1)
 
 
-def arrive(core, program, call_id, now=0.0, owner=None, priority=None):
-    identity = CallIdentity(program, call_id=call_id, owner=owner, priority=priority)
+def arrive(core, program, call_id, now=0.0, owner=None, priority=None, router_wait_s=None):
+    identity = CallIdentity(
+        program, call_id=call_id, owner=owner, priority=priority, router_wait_s=router_wait_s
+    )
     call = core.add_call(identity, now_s=now)
     core.enqueue(call)
     return call
@@ -76,6 +78,64 @@ def test_a_worse_bands_call_ranks_as_band_zero_after_the_aging_bound():
     assert core.next_band_aging() is None
     # Now in band 0 it ranks as any band-0 call: the same level, and it came first.
     assert order(core) == ["b1", "i1"]
+
+
+def test_a_wait_at_the_routers_gate_counts_towards_the_aging_bound():
+    """The router held the call 20 s (it states so): the engine ages it 10 s
+    after it arrived here, 30 s after it reached the router."""
+    core = make(band_aging_s=30.0)
+    held = arrive(core, "batch", "b1", now=100.0, priority=1, router_wait_s=20.0)
+    assert held.band == 1 and held.ages_at == 110.0
+    assert core.next_band_aging() == 110.0
+    core.advance(now_s=109.0)
+    arrive(core, "chat", "i1", now=109.0)
+    assert order(core) == ["i1", "b1"]
+    core.advance(now_s=110.0)
+    assert held.band == 0
+    assert order(core) == ["b1", "i1"]
+
+
+def test_a_router_wait_past_the_bound_ages_the_call_on_arrival_never_before():
+    core = make(band_aging_s=30.0)
+    for call_id, wait in [("b1", 30.0), ("b2", 45.0), ("b3", 1e300)]:
+        call = arrive(core, "batch-" + call_id, call_id, now=100.0, priority=1, router_wait_s=wait)
+        assert (call.band, call.ages_at) == (0, 100.0)
+    arrive(core, "chat", "i1", now=100.0)
+    assert order(core) == ["b1", "b2", "b3", "i1"]  # band 0 at once, in arrival order
+    assert core.next_band_aging() is None
+
+
+def test_a_router_wait_leaves_band_zero_and_unheld_calls_as_they_were():
+    core = make(band_aging_s=30.0)
+    interactive = arrive(core, "chat", "i1", now=5.0, router_wait_s=20.0)
+    assert (interactive.band, interactive.ages_at) == (0, None)
+    not_held = arrive(core, "batch", "b1", now=5.0, priority=1)
+    assert not_held.ages_at == 35.0
+    assert core.next_band_aging() == 35.0
+
+
+def test_the_aging_rule_counts_from_the_router():
+    tenants = TenantConfig(band_aging_s=120.0)
+    assert tenants.band_aged_at(10.0) == 130.0
+    assert tenants.band_aged_at(10.0, 0.0) == 130.0
+    assert tenants.band_aged_at(10.0, 50.0) == 80.0
+    assert tenants.band_aged_at(10.0, 500.0) == 10.0  # never before it arrived
+
+
+def test_the_router_wait_travels_as_a_header_and_is_router_stated():
+    assert read_identity([("X-Autellix-Router-Wait", "2.5")]).router_wait_s == 2.5
+    assert read_identity(xargs={"autellix_router_wait_s": 3}).router_wait_s == 3.0
+    assert CallIdentity(router_wait_s=1.5).as_headers() == {"X-Autellix-Router-Wait": "1.5"}
+    assert CallIdentity(router_wait_s=1.5).as_xargs() == {"autellix_router_wait_s": 1.5}
+    for bad in ("-1", "nan", "inf", "1e999", "slow", ""):
+        with pytest.raises(IdentityError) as error:
+            read_identity([("X-Autellix-Router-Wait", bad)])
+        assert error.value.param == "X-Autellix-Router-Wait"
+    for bad_body in (-1, True, "soon", [1]):
+        with pytest.raises(IdentityError) as error:
+            read_identity(xargs={"autellix_router_wait_s": bad_body})
+        assert error.value.param == "vllm_xargs.autellix_router_wait_s"
+    assert accepted(CallIdentity("p", router_wait_s=9.0), may_state=False).router_wait_s is None
 
 
 def test_owners_take_turns_by_attained_service_inside_a_band():

@@ -242,3 +242,28 @@ async def test_a_held_call_whose_client_leaves_never_reaches_a_replica():
     directory.directory.apply(ingress.reports.take())
     (program,) = directory.directory.page(ANONYMOUS, None, 9)["programs"]
     assert (program["calls_failed"], program["calls_active"]) == (1, 0)
+
+
+@pytest.mark.timeout(30)  # a seat never given back holds the next call
+async def test_a_held_call_goes_to_its_replica_with_its_wait_at_the_gate_stated():
+    """As the router states it: the engine's starvation bound counts from the gate."""
+    engines = Engines("a", "a")
+    directory = Directory(**ONE_SEAT)
+    ingress = Ingress(engines, directory, IngressSettings())  # type: ignore[arg-type]
+    unheld = await ingress(batch_chat("prog-1", "c1"))
+    assert unheld.status_code == 200
+    await left_the_gate(directory, in_flight=0)
+    taken = await directory.directory.enter("taken", 1, "other")  # the one seat
+    assert taken is not None
+    waiting = asyncio.create_task(ingress(batch_chat("prog-1", "c2")))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if (await directory.directory.flow())["held"] == {"batch": 1}:
+            break
+    await asyncio.sleep(0.3)
+    await directory.directory.leave(["taken"])
+    assert (await waiting).status_code == 200
+    unheld_identity, held_identity = engines.identities
+    assert unheld_identity.router_wait_s is None
+    assert held_identity.router_wait_s is not None and held_identity.router_wait_s >= 0.3
+    assert held_identity.priority == 1  # still its band: the engine ages it

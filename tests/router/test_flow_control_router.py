@@ -4,8 +4,9 @@ The fake engine has one seat (its table says so) and answers a call only when
 the test lets it, so the test decides when calls end: the batch keys' calls
 past the seat wait at the router, in the rule's order (owners in turn), an
 interactive call never waits, a client that leaves while held is dropped, and
-a call held to the starvation bound goes as band 0. The gate alone: a held call
-let go after its client left frees its seat and does not linger.
+a call held to the starvation bound goes as band 0, one held for less goes
+with its wait stated. The gate alone: a held call let go after its client
+left frees its seat and does not linger.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class HeldEngine:
 
     url: str = ""
     arrived: list[tuple[str, str | None]] = field(default_factory=list)  # (prompt, band)
+    waits: dict[str, str | None] = field(default_factory=dict)  # prompt -> its router wait
     ends: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def end(self, prompt: str) -> None:
@@ -57,6 +59,7 @@ async def held_engine() -> AsyncIterator[HeldEngine]:
     async def generate(request: web.Request) -> web.Response:
         prompt = (await request.json())["prompt"]
         engine.arrived.append((prompt, request.headers.get("X-Autellix-Priority")))
+        engine.waits[prompt] = request.headers.get("X-Autellix-Router-Wait")
         await engine.ends.setdefault(prompt, asyncio.Event()).wait()
         body = {"id": prompt, "object": "text_completion", "choices": [], "usage": USAGE}
         return web.json_response(body)
@@ -109,8 +112,13 @@ async def test_batch_calls_wait_at_the_router_and_go_owners_in_turn(start_router
         engine.end("n2")
         assert await asyncio.gather(*calls) == [200] * 5
         assert await held_gauge(url, CHAT) == {"batch": 0.0}
-    # The engine is told each call's band as admission gave it.
+    # The engine is told each call's band as admission gave it, and of each held
+    # call how long it was held (X-Autellix-Router-Wait: its starvation bound
+    # counts from the router); each was held at least through the 0.1 s above.
     assert dict(engine.arrived) == {"n0": "1", "c1": None, "n1": "1", "r1": "1", "n2": "1"}
+    assert (engine.waits["n0"], engine.waits["c1"]) == (None, None)  # never held
+    for prompt in ("n1", "r1", "n2"):
+        assert 0.1 <= float(engine.waits[prompt] or 0) < 60.0
 
 
 async def test_a_client_that_leaves_while_held_is_dropped(start_router, keys_file):
@@ -156,6 +164,7 @@ async def test_a_call_held_to_the_starvation_bound_goes_as_band_0(start_router, 
         engine.end("n1")
         assert await asyncio.gather(first, aged) == [200, 200]
     assert dict(engine.arrived) == {"n0": "1", "n1": None}
+    assert engine.waits == {"n0": None, "n1": None}  # band 0 now: no aging to count
 
 
 async def test_a_call_let_go_after_its_client_left_does_not_linger():

@@ -8,8 +8,8 @@ the ``X-Autellix-*`` headers win over the body's keys) and writes it into that
 dict, where the scheduler finds it. A malformed value is answered with
 OpenAI's error body and status 400, without forwarding the request.
 
-What only the router states (the prior service, the owner, the band and the
-weight, :data:`~autellix_vllm.protocol.trust.ROUTER_STATED`) reaches the
+What only the router states (the prior service, the owner, the band, the
+weight and the router wait, :data:`~autellix_vllm.protocol.trust.ROUTER_STATED`) reaches the
 scheduler only from a request that may state it, by
 :func:`~autellix_vllm.protocol.trust.may_state_router_fields` (the caller
 holds the engine key, :func:`~autellix_vllm.engine.settings.engine_key`); from
@@ -140,7 +140,7 @@ def rewrite_body(
 
     Other ``vllm_xargs`` keys are kept. Unless ``may_state_router_fields`` (see
     :mod:`~autellix_vllm.protocol.trust`), what only the router states (the prior
-    service, the owner, the band, the weight) is left out, and removed from the
+    service, the owner, the band, the weight, the router wait) is left out, and removed from the
     body's ``vllm_xargs``.
     Returns ``body`` itself (the same object) when nothing changes or the body
     is not a JSON object with a dict (or absent) ``vllm_xargs``; those are left

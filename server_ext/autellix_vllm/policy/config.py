@@ -267,7 +267,8 @@ class TenantConfig:
     A call ranks by its band first (0, interactive, is the best), then by its
     owner's attained service over the owner's weight, then by the policy. A call
     that has waited ``band_aging_s`` seconds since it arrived ranks as band 0,
-    so a worse band is never starved past that bound by a better one.
+    so a worse band is never starved past that bound by a better one; its wait
+    counts from when it reached the router (:meth:`band_aged_at`).
     """
 
     band_aging_s: float = 120.0
@@ -289,6 +290,17 @@ class TenantConfig:
 
     def weight(self, owner: str) -> float:
         return self.weights.get(owner, 1.0)
+
+    def band_aged_at(self, arrival_s: float, router_wait_s: float | None = None) -> float:
+        """When a worse band's call that arrived at ``arrival_s`` ranks as band 0.
+
+        ``router_wait_s``: how long the router's flow-control gate held it before
+        sending it (``CallIdentity.router_wait_s``; None: not held). The bound
+        counts from when the call reached the router, so the router's hold and
+        the engine's queue together never exceed ``band_aging_s``; never before
+        the call arrived (a wait longer than the bound ages it on arrival).
+        """
+        return arrival_s + max(0.0, self.band_aging_s - (router_wait_s or 0.0))
 
     def band(self, owner: str | None, stated: int | None) -> int:
         """The band of a call of ``owner`` that stated ``stated`` (None: none)."""

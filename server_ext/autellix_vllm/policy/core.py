@@ -16,7 +16,8 @@ order. The life of a call, and the method the engine calls at each point:
 
 Above the policy stand the tenants (:class:`~.config.TenantConfig`): a call
 ranks by its band first (its program's priority class, 0 the best; a worse
-band's call ranks as band 0 once it has waited ``band_aging_s``), then by its
+band's call ranks as band 0 once it has waited ``band_aging_s``, counted from
+when it reached the router), then by its
 owner's share of the service (:class:`OwnerShares`), then by the policy. With
 one owner and one band the order is the policy's alone.
 
@@ -232,8 +233,13 @@ class ProgramScheduler:
             call.quantum_left = self.levels.quanta[call.level]
         call.band = call.program.band
         if call.band > 0:
-            deadline = call.arrival_s + self.config.tenants.band_aging_s
-            heapq.heappush(self._aging, (deadline, next(self._aging_seq), call))
+            # The router's gate may have held it: that wait counts towards the bound.
+            ages_at = self.config.tenants.band_aged_at(call.arrival_s, call.identity.router_wait_s)
+            call.ages_at = ages_at
+            if ages_at <= call.arrival_s:
+                call.band = 0  # held the whole bound already: band 0 from the start
+            else:
+                heapq.heappush(self._aging, (ages_at, next(self._aging_seq), call))
         self.shares.arrived(call.program.owner, call.identity.weight)
         self._enter_level(call)
         call.program.active_calls[id(call)] = call
@@ -503,7 +509,8 @@ class ProgramScheduler:
     # ---- anti-starvation ---------------------------------------------------------
 
     def _age_bands(self, now_s: float) -> None:
-        """Calls of a worse band that arrived ``band_aging_s`` ago rank as band 0."""
+        """Calls of a worse band that reached the router ``band_aging_s`` ago (their
+        :attr:`Call.ages_at` has come) rank as band 0."""
         heap = self._aging
         while heap and heap[0][0] <= now_s:
             call = heapq.heappop(heap)[2]

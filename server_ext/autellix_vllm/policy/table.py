@@ -203,6 +203,9 @@ class Call:
     # Its program's band, or 0 once it has waited past the aging bound
     # (TenantConfig.band_aging_s).
     band: int = 0
+    # When a worse band's call ranks as band 0 (TenantConfig.band_aged_at; None:
+    # it arrived in band 0).
+    ages_at: float | None = None
     # Order of entry into its level (FIFO within a level); arrival order under FCFS.
     seq: int = 0
     # Its program's order of entry into the call's level (Program.level_entries).

@@ -26,6 +26,7 @@ header                          ``vllm_xargs`` key             value
 ``X-Autellix-Owner``            ``autellix_owner``             id
 ``X-Autellix-Priority``         ``autellix_priority``          band
 ``X-Autellix-Weight``           ``autellix_weight``            weight
+``X-Autellix-Router-Wait``      ``autellix_router_wait_s``     seconds >= 0
 ``X-Session-ID``                (body ``session_id``)          id
 =============================== ============================== ===========
 
@@ -43,8 +44,13 @@ first) and has no bound, so no band corresponds to it.
 A weight (:func:`validate_weight`) is the owner's share of service inside
 its band relative to the other owners' (a positive finite number; none: 1).
 
-The prior service, the owner (who the caller is), the band and the weight
-are the router's to state, never a client's: who may state them is
+The router wait is how long the router's flow-control gate held the call
+before sending it (seconds, a finite number >= 0; none: not held): the
+engine's starvation bound for a worse band counts from when the call reached
+the router, not the engine (``TenantConfig.band_aged_at``).
+
+The prior service, the owner (who the caller is), the band, the weight and
+the router wait are the router's to state, never a client's: who may state them is
 :mod:`~autellix_vllm.protocol.trust`'s one rule (the router states the band a
 client asked for, bounded by its key). A call without an owner belongs to
 :data:`ANONYMOUS_OWNER`, one owner shared by every such call.
@@ -101,6 +107,7 @@ RETENTION_TTL_HEADER = "X-Autellix-Retention-Ttl"
 OWNER_HEADER = "X-Autellix-Owner"
 PRIORITY_HEADER = "X-Autellix-Priority"
 WEIGHT_HEADER = "X-Autellix-Weight"
+ROUTER_WAIT_HEADER = "X-Autellix-Router-Wait"
 SESSION_ID_HEADER = "X-Session-ID"
 """vLLM's own session header; the SDK sets it to the program id."""
 VLLM_PRIORITY_HEADER = "X-Vllm-Priority"
@@ -117,6 +124,7 @@ RETENTION_TTL = "autellix_retention_ttl_s"
 OWNER = "autellix_owner"
 PRIORITY = "autellix_priority"
 WEIGHT = "autellix_weight"
+ROUTER_WAIT = "autellix_router_wait_s"
 
 XARGS_FIELD = "vllm_xargs"
 SESSION_ID_FIELD = "session_id"
@@ -144,6 +152,7 @@ IDENTITY_HEADERS: dict[str, str] = {
     "owner": OWNER_HEADER,
     "priority": PRIORITY_HEADER,
     "weight": WEIGHT_HEADER,
+    "router_wait_s": ROUTER_WAIT_HEADER,
 }
 # CallIdentity field -> its vllm_xargs key.
 IDENTITY_XARGS: dict[str, str] = {
@@ -156,6 +165,7 @@ IDENTITY_XARGS: dict[str, str] = {
     "owner": OWNER,
     "priority": PRIORITY,
     "weight": WEIGHT,
+    "router_wait_s": ROUTER_WAIT,
 }
 # Header in lower case (as ASGI delivers it) -> CallIdentity field; X-Session-ID -> itself.
 _HEADER_FIELDS: dict[str, str] = {
@@ -198,6 +208,11 @@ class CallIdentity:
     weight: float | None = None
     """The owner's weight (its key's, from the keys file; None: 1), stated by
     the router: its share of service inside a band is proportional to it."""
+    router_wait_s: float | None = None
+    """Seconds the router's flow-control gate held the call before sending it
+    (None: not held), stated by the router: a worse band's call ranks as band 0
+    that much sooner on the engine, so the starvation bound counts from when
+    the call reached the router."""
 
     def as_xargs(self) -> dict[str, str | float]:
         """The ``vllm_xargs`` keys of the parts that are set."""
@@ -369,6 +384,7 @@ def read_identity(
         body_band = validate_priority(priority, PRIORITY_FIELD)
         band = body_band if band is None else band
     weight = part("weight", validate_weight)
+    router_wait_s = part("router_wait_s", validate_service)  # seconds: finite, >= 0
     header_session_id = None
     if SESSION_ID_HEADER in from_headers:
         header_session_id = validate_id(from_headers[SESSION_ID_HEADER], SESSION_ID_HEADER)
@@ -391,6 +407,7 @@ def read_identity(
         owner=owner,
         priority=band,
         weight=weight,
+        router_wait_s=router_wait_s,
     )
 
 

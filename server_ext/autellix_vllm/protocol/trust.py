@@ -1,13 +1,14 @@
 """Who may state what: the one trust rule of the router, the engine and its scheduler.
 
 Most of a call's identity is the client's to say (its program, thread, call
-id, retention hint). Four parts are not (:data:`ROUTER_STATED`): the program's
+id, retention hint). Five parts are not (:data:`ROUTER_STATED`): the program's
 prior service (how much the other engines served it, which ranks it), its
 owner (whose fair share of service and of held KV it draws on), its band
 (its priority class: a client may ask for one, and the router states the one
-its key allows) and its owner's weight (how large that fair share is). The
-router states them itself, from its own table and keys, and sends them to
-the engine with the engine key.
+its key allows), its owner's weight (how large that fair share is) and the
+router wait (how long the router's gate held the call: a worse band's call
+ranks as band 0 that much sooner). The router states them itself, from its
+own table, keys and gate, and sends them to the engine with the engine key.
 
 The rule, in one predicate (:func:`may_state_router_fields`): a request may
 state them only to an engine that has a key, and only when it carries that key
@@ -33,7 +34,7 @@ from dataclasses import replace
 from autellix_vllm.protocol.bearer import holds_key
 from autellix_vllm.protocol.identity import IDENTITY_HEADERS, IDENTITY_XARGS, CallIdentity
 
-ROUTER_STATED = ("prior_service", "owner", "priority", "weight")
+ROUTER_STATED = ("prior_service", "owner", "priority", "weight", "router_wait_s")
 """The :class:`~autellix_vllm.protocol.identity.CallIdentity` fields only the router states."""
 ROUTER_STATED_XARGS = tuple(IDENTITY_XARGS[field] for field in ROUTER_STATED)
 """Their ``vllm_xargs`` keys."""

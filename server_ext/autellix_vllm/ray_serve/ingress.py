@@ -26,7 +26,10 @@ ray-serve --flow-control``), an admitted call waits for its turn there
 (``ProgramDirectory.enter``, under a ticket of its own) before it goes to an
 engine replica, and once it ended (answered, failed, or its client left, also
 while it was held) its ticket is sent to ``ProgramDirectory.leave``, so that
-its seat goes to the next held call. Leaves travel at once, batched by a
+its seat goes to the next held call. A call held there goes with how long
+(``CallIdentity.router_wait_s``, as the router states it), so that the
+engine's starvation bound counts from when the call reached the gate.
+Leaves travel at once, batched by a
 background task: a request sent from a handler that Serve cancels (its client
 left) would be cancelled with it.
 

@@ -19,7 +19,8 @@ them from no one), but for the band the client asked for (its
 ``X-Autellix-Priority``, else its ``vllm_xargs`` key, else the body's
 ``priority``, vLLM's field): ``admission`` bounds that by the client's key.
 The router sends the engine the identity it accepted, with the program's
-prior service, owner, band and weight, as headers of its own (``dispatch``),
+prior service, owner, band and weight (and, for a call its gate held, the
+router wait), as headers of its own (``dispatch``),
 so the engine has one source for each. A body ``priority`` never reaches an
 engine as sent: vLLM would order calls by it under its priority policy, which
 the engines run. The client's retention hint

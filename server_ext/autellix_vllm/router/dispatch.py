@@ -24,6 +24,8 @@ client's, and goes back to the client on the answer.
 Flow control (``router.flow_control``): a call of a worse band waits at the
 router while the pool is saturated for its band, after admission and before
 an engine is chosen; its client leaving meanwhile drops it from the queue.
+A call it held goes with how long (``X-Autellix-Router-Wait``), so that the
+engine's starvation bound counts from when the call reached the router.
 
 Failover: a call whose engine cannot be reached, or drops the connection
 before the client got any byte, is sent again (same body, same call id) to

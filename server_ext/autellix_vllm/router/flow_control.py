@@ -15,7 +15,9 @@ module gives it what the router knows and waits for it:
   engine;
 * the call's band is the one admission gave it (bounded by its key), so
   nothing a client sends puts it ahead of another key's; a call held to the
-  starvation bound is sent as band 0, as the engine would rank it by then.
+  starvation bound is sent as band 0, as the engine would rank it by then,
+  and one let go sooner is sent with how long it was held (the router-stated
+  ``X-Autellix-Router-Wait``), so the engine's bound counts from the router.
 
 ``autellix_router_calls_held{class}`` (``RouterMetrics.held``) gives the
 calls held now, by class.
@@ -46,11 +48,17 @@ class Pass:
 
     band: int
     aged: bool = False  # held to the starvation bound: it goes as band 0
+    waited_s: float = 0.0  # how long the gate held it
 
     def applied(self, identity: CallIdentity) -> CallIdentity:
         """The identity the call goes with: an aged call's as band 0 (stated as
-        none), as the engine would rank it by then."""
-        return replace(identity, priority=None) if self.aged else identity
+        none), as the engine would rank it by then; a call held for less, with
+        its wait stated (``router_wait_s``), which the engine's bound counts."""
+        if self.aged:
+            return replace(identity, priority=None)
+        if self.waited_s > 0:
+            return replace(identity, router_wait_s=self.waited_s)
+        return identity
 
 
 class Gate:
@@ -99,7 +107,7 @@ class Gate:
         except asyncio.CancelledError:
             self._left(held)
             raise
-        return Pass(held.band, held.aged)
+        return Pass(held.band, held.aged, held.waited_s)
 
     def leave(self, gone: Pass) -> None:
         """A call that went has ended: held calls may go in its place."""

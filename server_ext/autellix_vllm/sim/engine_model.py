@@ -203,6 +203,7 @@ class SimEngine:
             owner=job.program.owner,
             # A call the router held to the starvation bound goes as band 0.
             priority=0 if job.band == 0 else job.program.priority,
+            router_wait_s=job.router_wait_s,
         )
         job.call = self.core.add_call(identity, now, prompt_tokens=spec.prompt_tokens, payload=job)
         self.hold_shares.owners.add(job.call.program.owner)

@@ -51,6 +51,9 @@ class Job:
     # Its band at the router's gate (None: no gate); 0 once it was held to the
     # starvation bound, which the engine is then told.
     band: int | None = None
+    # Seconds the gate held it, when less than the bound (None: not held); the
+    # engine is told, and ages it that much sooner (CallIdentity.router_wait_s).
+    router_wait_s: float | None = None
     # The program id its client sends with it (empty: its program's); a client
     # that splits its program sends each call as a program of its own.
     sent_as: str = ""

@@ -295,11 +295,14 @@ class Simulation:
         self._route(job, now)
 
     def _release_held(self, now: float) -> None:
-        """Send the calls the gate lets go now (an aged one as band 0)."""
+        """Send the calls the gate lets go now (an aged one as band 0, any other
+        with how long it was held, as the router states it)."""
         assert self.gate is not None
         self._gate_look = None
         for held in self.gate.release(now):
             held.item.band = held.band
+            if not held.aged:
+                held.item.router_wait_s = held.waited_s
             self._route(held.item, now)
         self._look_at_gate(now)
 
