@@ -96,7 +96,7 @@ def run(case: tuple[list[ProgramSpec], bool, bool, bool, argparse.Namespace]) ->
     programs, owned, gated, splitting, args = case
     gate = None
     if gated:
-        gate = FlowControlConfig(args.seat_share, args.reserve, args.linger_s)
+        gate = FlowControlConfig(args.seat_share, args.reserve_share, args.linger_s)
     key_of = {p.program_id: p.owner for p in programs}
     if not owned:
         programs = [replace(p, owner=ONE_OWNER) for p in programs]
@@ -270,10 +270,10 @@ def parser() -> argparse.ArgumentParser:
         help="the gate's FlowControlConfig.seat_share (default: %(default)s)",
     )
     add(
-        "--reserve",
+        "--reserve-share",
         type=float,
-        default=FlowControlConfig.reserve,
-        help="the gate's FlowControlConfig.reserve (default: %(default)s)",
+        default=FlowControlConfig.reserve_share,
+        help="the gate's FlowControlConfig.reserve_share (default: %(default)s)",
     )
     add(
         "--linger-s",

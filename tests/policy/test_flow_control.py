@@ -8,7 +8,7 @@ AGING = TenantConfig().band_aging_s
 
 
 def gate(seats: int | None = 4, **config: float) -> FlowControl[str]:
-    options = {"seat_share": 1.0, "reserve": 0.0, "linger_s": 0.0, **config}
+    options = {"seat_share": 1.0, "reserve_share": 0.0, "linger_s": 0.0, **config}
     return FlowControl(FlowControlConfig(**options), TenantConfig(), seats)
 
 
@@ -42,7 +42,7 @@ def test_the_seat_share_caps_worse_bands():
 
 
 def test_each_better_call_in_flight_keeps_reserve_seats_from_worse_bands():
-    g = gate(seats=10, reserve=3.0)
+    g = gate(seats=10, reserve_share=0.3)
     assert g.arrive("i1", 0, "a", 0.0) is None
     assert g.arrive("i2", 0, "a", 0.0) is None
     # 2 in flight + 3 x 2 reserved = 8 of 10: one batch call, then full.
@@ -54,7 +54,7 @@ def test_each_better_call_in_flight_keeps_reserve_seats_from_worse_bands():
 
 
 def test_a_better_call_lingers_after_it_ended():
-    g = gate(seats=10, reserve=3.0, linger_s=2.0)
+    g = gate(seats=10, reserve_share=0.3, linger_s=2.0)
     assert g.arrive("i", 0, "a", 0.0) is None
     assert [g.arrive(f"b{i}", 1, "b", 0.0) for i in range(6)] == [None] * 6
     held = g.arrive("b6", 1, "b", 0.0)
@@ -122,7 +122,7 @@ def test_a_dropped_call_never_goes():
 def test_the_config_is_checked():
     with pytest.raises(ValueError, match="seat_share"):
         FlowControlConfig(seat_share=0.0)
-    with pytest.raises(ValueError, match="reserve"):
-        FlowControlConfig(reserve=-1.0)
+    with pytest.raises(ValueError, match="reserve_share"):
+        FlowControlConfig(reserve_share=-1.0)
     with pytest.raises(ValueError, match="linger_s"):
         FlowControlConfig(linger_s=-1.0)

@@ -190,7 +190,7 @@ def test_bad_requests_get_the_routers_codes():
 
 
 # One seat, no reserve, no linger: a batch call waits exactly while the seat is taken.
-ONE_SEAT = {"flow_control": FlowControlConfig(seat_share=1.0, reserve=0.0, linger_s=0.0),
+ONE_SEAT = {"flow_control": FlowControlConfig(seat_share=1.0, reserve_share=0.0, linger_s=0.0),
             "seats": 1}  # fmt: skip
 
 

@@ -51,8 +51,8 @@ def test_flow_control_fills_the_replicas_seats_summed():
 def test_a_serve_config_file_states_flow_control_as_its_fields():
     from autellix_vllm.ray_serve.app import RayServeConfig
 
-    made = RayServeConfig(flow_control={"reserve": 2.0})  # type: ignore[arg-type]
-    assert made.flow_control == FlowControlConfig(reserve=2.0)
+    made = RayServeConfig(flow_control={"reserve_share": 0.5})  # type: ignore[arg-type]
+    assert made.flow_control == FlowControlConfig(reserve_share=0.5)
 
 
 def test_one_engine_key_for_every_replica_is_kept_out_of_the_ready_line(monkeypatch):

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(30)  # a call the gate never lets go fails, not
 
 BATCH = 1
 # Every seat counts, no reserve, no linger: a call waits exactly while the seats are full.
-PLAIN = FlowControlConfig(seat_share=1.0, reserve=0.0, linger_s=0.0)
+PLAIN = FlowControlConfig(seat_share=1.0, reserve_share=0.0, linger_s=0.0)
 
 
 def gated(seats: int = 1, config: FlowControlConfig = PLAIN) -> ProgramDirectory:

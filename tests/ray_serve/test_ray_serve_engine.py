@@ -29,7 +29,7 @@ ENGINE = {"model": "tiny", "max_num_seqs": 4, "max_model_len": 512, "kv_cache_gi
           "engines_on_host": 2}  # fmt: skip
 SEATS = 2 * ENGINE["max_num_seqs"]
 # A reserve of the whole pool: one interactive call in flight holds every batch call.
-GATE = FlowControlConfig(seat_share=1.0, reserve=SEATS, linger_s=1.0)
+GATE = FlowControlConfig(seat_share=1.0, reserve_share=1.0, linger_s=1.0)
 
 
 def free_port() -> int:

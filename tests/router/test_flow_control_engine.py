@@ -49,7 +49,7 @@ FLOOD = 5  # batch calls, more than the seats
 LINGER_S = 5.0
 # A reserve of the whole pool: one interactive call in flight or lingering holds
 # every batch call, however late the flood arrives on a loaded machine.
-GATE = FlowControlConfig(seat_share=1.0, reserve=SEATS, linger_s=LINGER_S)
+GATE = FlowControlConfig(seat_share=1.0, reserve_share=1.0, linger_s=LINGER_S)
 # The tiny model makes a token in a few milliseconds: seconds of interactive
 # work, so that it is still in flight when the flood has been sent, and batch
 # calls long enough that without the gate several are in flight at once.

@@ -29,7 +29,7 @@ MODEL = "fake-model"
 CHAT = "sk-chat"  # reads /metrics (no admin key is set)
 KEYS = "chat: sk-chat\nnightly: sk-nightly class=batch\nrollouts: sk-rollouts class=batch\n"
 USAGE = {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
-GATE = FlowControlConfig(seat_share=1.0, reserve=0.0, linger_s=0.0)
+GATE = FlowControlConfig(seat_share=1.0, reserve_share=0.0, linger_s=0.0)
 
 
 @dataclass
@@ -172,7 +172,7 @@ async def test_a_call_let_go_after_its_client_left_does_not_linger():
     handler was cancelled lets that call go with its future already cancelled:
     it never reaches an engine, so it must not linger as an ended call would,
     which would keep worse bands out of its seat for linger_s."""
-    config = FlowControlConfig(seat_share=1.0, reserve=0.0, linger_s=60.0)
+    config = FlowControlConfig(seat_share=1.0, reserve_share=0.0, linger_s=60.0)
     gate = Gate(config, seats=lambda: 1, show=lambda held: None)
     first = await gate.enter(2, "rollouts")  # the one seat
     leaving = asyncio.create_task(gate.enter(1, "nightly"))

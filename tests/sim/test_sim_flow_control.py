@@ -8,7 +8,7 @@ from autellix_vllm.policy.flow_control import FlowControlConfig
 from autellix_vllm.sim.run import Simulation, simulate
 from autellix_vllm.workloads import generate
 
-GATE = FlowControlConfig(seat_share=1.0, reserve=4.0, linger_s=2.0)
+GATE = FlowControlConfig(seat_share=1.0, reserve_share=0.5, linger_s=2.0)
 
 
 def test_one_band_runs_as_without_the_gate():
@@ -30,7 +30,7 @@ def test_held_batch_calls_leave_the_seats_to_the_interactive_key():
                    for p in generate("bfcl", 6, 1.0, 2)]  # fmt: skip
     programs = sorted(flood + interactive, key=lambda p: p.arrival)
     config = PolicyConfig(tenants=TenantConfig(bands={"batch": 1}))
-    gate = FlowControlConfig(seat_share=1.0, reserve=8.0, linger_s=2.0)
+    gate = FlowControlConfig(seat_share=1.0, reserve_share=1.0, linger_s=2.0)
 
     def slowest_interactive(programs, flow_control):
         result = simulate(programs, preset="a100-llama8b-kv", max_num_seqs=8, config=config,
@@ -54,7 +54,7 @@ def test_a_held_call_goes_at_the_starvation_bound():
     interactive = [replace(p, program_id=f"i{p.program_id}", owner="chat")
                    for p in generate("bfcl", 60, 2.0, 4)]  # fmt: skip
     programs = sorted(flood + interactive, key=lambda p: p.arrival)
-    gate = FlowControlConfig(seat_share=1.0, reserve=64.0, linger_s=5.0)
+    gate = FlowControlConfig(seat_share=1.0, reserve_share=8.0, linger_s=5.0)
 
     def batch_makespan(aging_s: float) -> float:
         config = PolicyConfig(tenants=TenantConfig(bands={"batch": 1}, band_aging_s=aging_s))
@@ -80,7 +80,7 @@ def test_a_held_calls_engine_side_aging_counts_its_hold():
     sim = Simulation(
         programs, "autellix", engines=1, lb="round-robin", preset="a100-llama8b-kv",
         max_num_seqs=8, config=config, locality_threshold=2048, stop_above=None,
-        flow_control=FlowControlConfig(seat_share=1.0, reserve=2.0, linger_s=1.0),
+        flow_control=FlowControlConfig(seat_share=1.0, reserve_share=0.25, linger_s=1.0),
     )  # fmt: skip
     sim.run()
     batch = [job for job in sim.jobs if job.program.owner == "batch"]

@@ -12,8 +12,8 @@ simulator (``sim.run``) run the same code:
 
 * **Saturation.** The pool has ``seats`` (the sum of its engines' batch sizes,
   ``max_num_seqs``). Calls of band 0 are never held. A call of band b > 0 may
-  go while the calls in flight, plus ``reserve`` seats for each call of a
-  better band in flight, stay under ``seat_share`` of the seats. The count is
+  go while the calls in flight, plus ``reserve_share`` of the seats for each
+  call of a better band in flight, stay under ``seat_share`` of the seats. The count is
   the calls this gate let through and that have not ended, known exactly and
   at once, where an engine's polled queue is a probe interval old; the
   reserve keeps worse bands out of the seats (and the step's token budget)
@@ -53,20 +53,21 @@ class FlowControlConfig:
 
     # Share of the pool's seats that calls of worse bands may fill.
     seat_share: float = 1.0
-    # Seats kept from worse bands for each call of a better band in flight.
-    reserve: float = 16.0
+    # Share of the pool's seats kept from worse bands for each call of a better
+    # band in flight: a share, so that a small pool is not all reserve.
+    reserve_share: float = 1 / 16
     # A better band's call still counts as in flight this long after it ended:
     # an agent's next call comes back after a tool gap, and the seats it will
     # want should not fill with worse calls in between.
     linger_s: float = 4.0
-    # reserve 16 and linger_s 4 were chosen on seeds 0-4 of
+    # reserve_share 1/16 and linger_s 4 were chosen on seeds 0-4 of
     # bench/experiments/tenants.py (docs/scheduling.md, "Flow control").
 
     def __post_init__(self) -> None:
         if not 0 < self.seat_share <= 1:
             raise ValueError(f"seat_share must be in (0, 1], got {self.seat_share}")
-        if not self.reserve >= 0:
-            raise ValueError(f"reserve must be >= 0, got {self.reserve}")
+        if not self.reserve_share >= 0:
+            raise ValueError(f"reserve_share must be >= 0, got {self.reserve_share}")
         if not self.linger_s >= 0:
             raise ValueError(f"linger_s must be >= 0, got {self.linger_s}")
 
@@ -127,7 +128,8 @@ class FlowControl(Generic[T]):
         self._expire(now)
         lingering = sum(n for b, n in self._lingers.items() if b < band)
         better = sum(n for b, n in self._in_flight.items() if b < band) + lingering
-        used = sum(self._in_flight.values()) + lingering + self.config.reserve * better
+        reserved = self.config.reserve_share * self.seats * better
+        used = sum(self._in_flight.values()) + lingering + reserved
         return used >= self.config.seat_share * self.seats
 
     # ---- what the caller tells it ------------------------------------------------------
