@@ -30,6 +30,7 @@ FIGURES = (
     "batch_throughput_ratio",
     "flood_over_served",
     "split_service_ratio",
+    "behave_service_ratio",
     "agents_p95_ratio",
 )
 SUMMARY = (
