@@ -158,9 +158,11 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     " --kv-offload-gib 256 --seeds 0,1,10 --policies vllm-opt,autellix,srpt --orders gittins": (
         PARSE, "sweeps of minutes"),
     "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
-    " --preset a100-llama8b-kv --max-num-seqs 32": (PARSE, "simulations of minutes"),
+    " --preset a100-llama8b-kv --max-num-seqs 32 --flow-control off": (
+        PARSE, "simulations of minutes"),
     "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
-    " --preset a100-llama8b-kv --max-num-seqs 256": (PARSE, "simulations of minutes"),
+    " --preset a100-llama8b-kv --max-num-seqs 256 --flow-control off": (
+        PARSE, "simulations of minutes"),
     "python bench/experiments/tenants.py --seeds N --capacity 4.8 --preset a100-llama8b-kv"
     " --max-num-seqs 256 --no-split": (FORM, "simulations of minutes"),
     "python bench/experiments/tenants.py --seeds N --capacity 4.8 --preset a100-llama8b-kv"
