@@ -27,9 +27,11 @@ each of the three cases spans ``--window`` seconds of arrivals. Per seed:
   of its own (the keys' programs differ, so ``behave_service_ratio``, the
   same figure when both run programs, is the floor to read it against).
   Targets: b's service within 10% of a's, and a's P95 program latency within
-  1.1x of the run where both keys run programs. Shown beside
-  each (``_today``): the same with one owner for both (today's order, no
-  share).
+  1.1x of the run where both keys run programs. Shown beside each
+  (``_today``): the same with one owner for both (today's order, no share).
+  And ``weighted``: both keys run programs, the agents' key weighs 2; its
+  service over the other's (``weighted_service_ratio``, read against the
+  inverse of the floor).
 
 ``--flow-control``: ``both`` (default) runs the classes cases with and without
 the gate, ``on`` or ``off`` only one way (the other's columns are then left
@@ -46,7 +48,7 @@ import statistics
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from autellix_vllm.policy import DEFAULT_POLICY, PolicyConfig, TenantConfig
 from autellix_vllm.policy.flow_control import FlowControlConfig
@@ -57,6 +59,8 @@ from autellix_vllm.workloads import ProgramSpec, generate
 
 INTERACTIVE, BATCH = "interactive", "batch"
 AGENTS, SPLITTER = "a", "b"
+# The agents' key's weight in the weighted case (the splitter's key, behaving, weighs 1).
+WEIGHT = 2.0
 # The owner every program has when a run shows today's order (no classes, no share).
 ONE_OWNER = "everyone"
 
@@ -86,26 +90,41 @@ def split(programs: Iterable[ProgramSpec], preset: str) -> list[ProgramSpec]:
     return sorted(out, key=lambda p: p.arrival)
 
 
-def run(case: tuple[list[ProgramSpec], bool, bool, bool, argparse.Namespace]) -> dict[str, Any]:
-    """One simulation; ``owned``: each program keeps its key as owner (else one
-    owner); ``gated``: the router's gate holds the batch key's calls;
-    ``splitting``: the splitter's client sends each call as a program of its own.
+class Case(NamedTuple):
+    """One simulation's programs and how they are served."""
 
-    Returns per key: P95 program latency, throughput and (end, tokens) per program.
-    """
-    programs, owned, gated, splitting, args = case
+    programs: list[ProgramSpec]
+    # Each program keeps its key as owner (False: one owner, today's order).
+    owned: bool = True
+    # The router's gate holds the batch key's calls.
+    gated: bool = False
+    # The splitter's client sends each call as a program of its own.
+    splitting: bool = False
+    # The agents' key weighs ``WEIGHT`` (the others 1).
+    weighted: bool = False
+
+
+def run(job: tuple[Case, argparse.Namespace]) -> dict[str, Any]:
+    """One simulation. Returns per key: P95 program latency, throughput and
+    (end, tokens) per program."""
+    case, args = job
+    programs = case.programs
     gate = None
-    if gated:
+    if case.gated:
         gate = FlowControlConfig(args.seat_share, args.reserve_share, args.linger_s)
     key_of = {p.program_id: p.owner for p in programs}
-    if not owned:
+    if not case.owned:
         programs = [replace(p, owner=ONE_OWNER) for p in programs]
-    tenants = TenantConfig(bands={BATCH: 1}, band_aging_s=args.band_aging_s)
+    tenants = TenantConfig(
+        bands={BATCH: 1},
+        band_aging_s=args.band_aging_s,
+        weights={AGENTS: WEIGHT} if case.weighted else {},
+    )
+    splitting = [p for p, key in key_of.items() if case.splitting and key == SPLITTER]
     result: SimResult = simulate(
         sorted(programs, key=lambda p: p.arrival), args.policy, preset=args.preset,
         max_num_seqs=args.max_num_seqs, config=PolicyConfig(tenants=tenants),
-        flow_control=gate,
-        splitting_programs=[p for p, key in key_of.items() if splitting and key == SPLITTER],
+        flow_control=gate, splitting_programs=splitting,
     )  # fmt: skip
     per_key: dict[str, dict[str, Any]] = {}
     for p in programs:
@@ -135,39 +154,37 @@ def served_by(keys: dict[str, Any]) -> dict[str, int]:
     return {key: sum(t for end, t in k["done"] if end <= until) for key, k in keys.items()}
 
 
-Case = tuple[list[ProgramSpec], bool, bool, bool]  # programs, owned, gated, splitting
-
-
 def cases_of(seed: int, args: argparse.Namespace) -> dict[str, Case]:
     interactive = programs_of(args, INTERACTIVE, args.interactive_load, seed)
     little = programs_of(args, INTERACTIVE, args.little_load, seed)
     flood = programs_of(args, BATCH, args.flood, seed + 1000)
     cases: dict[str, Case] = {
-        "alone": (interactive, True, False, False),
-        "flood_today": (interactive + flood, False, False, False),
-        "little_today": (little + flood, False, False, False),
+        "alone": Case(interactive),
+        "flood_today": Case(interactive + flood, owned=False),
+        "little_today": Case(little + flood, owned=False),
     }
     if args.split:
         agents = programs_of(args, AGENTS, args.flood / 2, seed + 2000)
         splitter = programs_of(args, SPLITTER, args.flood / 2, seed + 3000)
         splitting = split(splitter, args.preset)
-        cases["behave"] = (agents + splitter, True, False, False)
-        cases["split_closed"] = (agents + splitter, True, False, True)
-        cases["split_closed_today"] = (agents + splitter, False, False, True)
-        cases["split_share"] = (agents + splitting, True, False, False)
-        cases["split_today"] = (agents + splitting, False, False, False)
+        cases["behave"] = Case(agents + splitter)
+        cases["weighted"] = Case(agents + splitter, weighted=True)
+        cases["split_closed"] = Case(agents + splitter, splitting=True)
+        cases["split_closed_today"] = Case(agents + splitter, owned=False, splitting=True)
+        cases["split_share"] = Case(agents + splitting)
+        cases["split_today"] = Case(agents + splitting, owned=False)
     if args.flow_control in ("off", "both"):
-        cases["flood_classes"] = (interactive + flood, True, False, False)
-        cases["little_classes"] = (little + flood, True, False, False)
+        cases["flood_classes"] = Case(interactive + flood)
+        cases["little_classes"] = Case(little + flood)
     if args.flow_control in ("on", "both"):
-        cases["flood_gated"] = (interactive + flood, True, True, False)
-        cases["little_gated"] = (little + flood, True, True, False)
+        cases["flood_gated"] = Case(interactive + flood, gated=True)
+        cases["little_gated"] = Case(little + flood, gated=True)
     return cases
 
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     names = list(cases_of(args.seeds[0], args))
-    cases = [(*cases_of(seed, args)[name], args) for seed in args.seeds for name in names]
+    cases = [(cases_of(seed, args)[name], args) for seed in args.seeds for name in names]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         results = list(pool.map(run, cases))
     rows = []
@@ -193,6 +210,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             # the floor the split cases' ratios are read against.
             behaving = served_by(r["behave"])
             row["behave_service_ratio"] = behaving[SPLITTER] / behaving[AGENTS]
+            weighted = served_by(r["weighted"])
+            row["weighted_service_ratio"] = weighted[AGENTS] / weighted[SPLITTER]
             closed, closed_today = served_by(r["split_closed"]), served_by(r["split_closed_today"])
             row["closed_split_service_ratio"] = closed[SPLITTER] / closed[AGENTS]
             row["closed_split_service_ratio_today"] = closed_today[SPLITTER] / closed_today[AGENTS]

@@ -178,7 +178,7 @@ def test_the_tenants_experiment_reports_each_target_per_seed(capsys):
               "interactive_p95_ratio_gated", "batch_throughput_ratio_gated",
               "closed_split_service_ratio", "closed_agents_p95_ratio",
               "closed_split_service_ratio_today", "closed_agents_p95_ratio_today",
-              "behave_service_ratio")  # fmt: skip
+              "behave_service_ratio", "weighted_service_ratio")  # fmt: skip
     for ratio in ratios:
         assert row[ratio] > 0
     assert result["worst_batch_throughput_ratio"] == row["batch_throughput_ratio"]
