@@ -163,10 +163,10 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
     "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
     " --preset a100-llama8b-kv --max-num-seqs 256 --flow-control off": (
         PARSE, "simulations of minutes"),
-    "python bench/experiments/tenants.py --seeds N --capacity 4.8 --preset a100-llama8b-kv"
-    " --max-num-seqs 256 --no-split": (FORM, "simulations of minutes"),
-    "python bench/experiments/tenants.py --seeds N --capacity 4.8 --preset a100-llama8b-kv"
-    " --max-num-seqs 32 --no-split": (FORM, "simulations of minutes"),
+    "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
+    " --preset a100-llama8b-kv --max-num-seqs 256 --no-split": (PARSE, "simulations of minutes"),
+    "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
+    " --preset a100-llama8b-kv --max-num-seqs 32 --no-split": (PARSE, "simulations of minutes"),
     # docs/simulator.md
     "python bench/experiments/table_staleness.py --engines 16 --seeds 10-14 --duration 10": (
         PARSE, "simulations of minutes"),
