@@ -165,6 +165,8 @@ DOC_COMMANDS: dict[str, tuple[str, str]] = {
         PARSE, "simulations of minutes"),
     "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
     " --preset a100-llama8b-kv --max-num-seqs 256 --no-split": (PARSE, "simulations of minutes"),
+    "python bench/experiments/tenants_engine.py --seeds 10,11 --capacity 0.18 --window 60"
+    " --split-load 0.75": (PARSE, "a real engine for twenty minutes"),
     "python bench/experiments/tenants.py --seeds 10,11,12,13,14 --capacity 4.8"
     " --preset a100-llama8b-kv --max-num-seqs 32 --no-split": (PARSE, "simulations of minutes"),
     # docs/simulator.md
