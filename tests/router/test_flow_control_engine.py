@@ -205,7 +205,9 @@ async def test_without_the_gate_the_flood_goes_to_the_engine(engine, start_route
     async with start_router([engine], api_keys_file=keys_file, admin_key=ADMIN_KEY) as router:
         sent = await flood(router.url, engine)
         # More calls sent to the engine than it has seats.
-        await eventually(lambda: engine_entry(router.url), lambda e: e["in_flight"] > SEATS)
+        await eventually(
+            lambda: engine_entry(router.url), lambda e: e["in_flight"] > SEATS, timeout_s=60
+        )
         assert await sent.answers() == [200] * (1 + FLOOD)
         assert await held_gauge(router.url, ADMIN_KEY) == {}
     on_engine(await engine_table(engine), sent.programs)  # each reached the engine

@@ -11,12 +11,12 @@ arrived after them.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from autellix_vllm.router.keys import owner_of
-from polling import eventually
 from router_http import (
     PROGRAMS,
     completion,
@@ -33,13 +33,23 @@ pytestmark = pytest.mark.engine
 ENGINE_KEY = "key-classes-engine-key"
 KEYS = "chat: sk-chat\nnightly: sk-nightly class=batch weight=3\n"
 ADMIN_KEY = "sk-classes-admin"
+# Room for batch calls long enough that they are still queued when the
+# interactive call comes: on a loaded machine the API server hands the engine
+# its calls slowly, and its table answers slowly.
+MAX_MODEL_LEN = 1024
+BATCH_TOKENS = 960
+# For the order: the batch key by its class alone, the chat key's share 20 times
+# its service, so that the share between keys does not put the agent first.
+ORDER_KEYS = "chat: sk-chat weight=0.05\nnightly: sk-nightly class=batch\n"
 
 
 @pytest.fixture(scope="module")
 def engine(running_engine):
     """One seat, so that calls queue at the engine; an engine key, as ``autellix
     serve`` starts them, so that it takes the band and weight from the router."""
-    with running_engine("classes-engine", api_key=ENGINE_KEY, max_num_seqs=1) as process:
+    with running_engine(
+        "classes-engine", api_key=ENGINE_KEY, max_num_seqs=1, max_model_len=MAX_MODEL_LEN
+    ) as process:
         yield process
 
 
@@ -132,49 +142,67 @@ async def test_a_body_priority_means_the_same_on_the_engine_reached_directly(
 
 
 async def test_an_interactive_call_goes_before_a_batch_keys_queued_calls(
-    engine, start_router, keys_file
+    engine, start_router, tmp_path
 ):
     """One seat: the batch key's calls queue; an interactive call sent after them
     goes first (preempting the running one, or taking the seat when it ends),
     although its program and its key have attained more service than theirs:
-    without classes it would wait behind all of them (its program ranks at a
-    worse level and its key's share is the larger).
+    without classes it would wait behind them (its program ranks at a worse
+    level, and its key's share stays the larger until the batch key has been
+    served 20 times the agent's service: its weight is 1/20).
 
     Who went first is read from the engine: when each program's call finished, on
     the engine core's clock. The clients' clocks cannot tell on a loaded machine,
     where the API server may relay several finished calls at once.
     """
     model = engine.served_model_name
-    agent = unique("agent")
-    batch_programs = [unique("batch") for _ in range(6)]
+    keys_file = keys_file_with(tmp_path, ORDER_KEYS)
 
-    async def call(key: str, program_id: str, max_tokens: int) -> None:
+    async def call(url: str, key: str, program_id: str, max_tokens: int) -> None:
         status, answer = await request(
-            "POST", router.url + "/v1/completions",
+            "POST", url + "/v1/completions",
             json=completion(model, max_tokens=max_tokens), headers=as_key(key, program_id),
         )  # fmt: skip
         assert status == 200, answer
 
-    async with start_router([engine], api_keys_file=keys_file) as router:
-        await call("sk-chat", agent, 200)  # the agent's service so far, waiting for none
-        # Seconds of queued work, so that the queue is still there when the interactive
-        # call comes (the engine's table answers slowly on a loaded machine).
-        batch = [asyncio.create_task(call("sk-nightly", p, 480)) for p in batch_programs]
+    async def queue_formed(timeout_s: float = 60) -> None:
+        """Wait until two calls wait at the engine, or give up (the try then
+        likely decides nothing, and another comes)."""
+        deadline = time.monotonic() + timeout_s
+        while (await engine_table(engine))["waiting"] < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
-        def queued(table: dict[str, Any]) -> bool:
-            return table["waiting"] >= 2
+    async def attempt() -> tuple[list[str], dict[str, float], str, dict[str, Any]]:
+        """One try: the batch calls at the engine when the interactive call arrived,
+        when each call ended, the interactive program and what to show."""
+        agent = unique("agent")
+        batch_programs = [unique("batch") for _ in range(6)]
+        async with start_router([engine], api_keys_file=keys_file) as router:
+            await call(router.url, "sk-chat", agent, 200)  # the agent's service so far
+            batch = [
+                asyncio.create_task(call(router.url, "sk-nightly", p, BATCH_TOKENS))
+                for p in batch_programs
+            ]
+            await queue_formed()
+            await call(router.url, "sk-chat", agent, 4)
+            await asyncio.gather(*batch)
+        table = await engine_table(engine)
+        rows = {p: program_row(table, p) for p in [agent, *batch_programs]}
+        arrived = rows[agent]["last_arrival_s"]
+        done = {p: row["last_completion_s"] for p, row in rows.items()}
+        # On a loaded machine the client's view of the queue is late and the API
+        # server hands the engine its calls slowly: some batch calls may have ended
+        # before the interactive call arrived, some arrive after it.
+        there = [p for p in batch_programs if rows[p]["last_arrival_s"] < arrived < done[p]]
+        return there, done, agent, {"arrived": arrived, **done}
 
-        await eventually(lambda: engine_table(engine), queued, timeout_s=60)
-        await call("sk-chat", agent, 4)
-        await asyncio.gather(*batch)
-    table = await engine_table(engine)
-    arrived = program_row(table, agent)["last_arrival_s"]
-    done = {p: program_row(table, p)["last_completion_s"] for p in [agent, *batch_programs]}
-    # Batch calls that ended before the interactive call arrived had their turn
-    # fairly (on a loaded machine the client's view of the queue is late); of the
-    # others, only the one on the seat may end first, in the step that admitted
-    # the interactive call, and some must be left to wait behind it.
-    after = sorted(done[p] for p in batch_programs if done[p] > arrived)
-    report = {"arrived": arrived, **done}
-    assert len(after) >= 2, report
-    assert sum(1 for end in after if end < done[agent]) <= 1, report
+    # Until a try finds at least two batch calls at the engine when the interactive
+    # call arrives (else nothing was decided), at most three.
+    for _ in range(3):
+        there, done, agent, report = await attempt()
+        if len(there) >= 2:
+            break
+    assert len(there) >= 2, report
+    # Of those, only the one on the seat may end first, in the step that admitted
+    # the interactive call.
+    assert sum(1 for p in there if done[p] < done[agent]) <= 1, report
