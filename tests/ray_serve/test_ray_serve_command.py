@@ -8,6 +8,7 @@ cores, most of it the engine starting; the tests run in order, the last stops it
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ pytest.importorskip("ray")
 pytest.importorskip("vllm")
 psutil = pytest.importorskip("psutil")
 
+from autellix_vllm.engine.launcher import REAPER_MODULE  # noqa: E402
 from autellix_vllm.protocol.paths import (  # noqa: E402
     CHAT_COMPLETIONS_PATH,
     ENGINE_TABLE_PATH,
@@ -132,18 +134,29 @@ def test_a_call_without_the_sdks_headers_joins_a_derived_program(served):
 
 
 def engine_among(command: RayServed, timeout_s: float = 300) -> list[psutil.Process]:
-    """The command's processes once its engine core is among them. Serve replaces
-    a replica whose engine failed three health checks (a loaded machine), and the
-    new engine takes a while to start its core."""
+    """The command's processes, with every process of its engines' process groups
+    (an engine's reaper heads one; a process whose parent died is no longer a
+    descendant), once an engine core is among them. Serve replaces a replica whose
+    engine failed three health checks (a loaded machine), and the new engine takes
+    a while to start its core."""
     deadline = time.monotonic() + timeout_s
     while True:
-        started = command.started()
+        started = {p.pid: p for p in command.started()}
+        groups = set()
+        for process in started.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if REAPER_MODULE in process.cmdline():
+                    groups.add(os.getpgid(process.pid))
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                if os.getpgid(process.pid) in groups:
+                    started.setdefault(process.pid, process)
         names = set()
-        for process in started:
+        for process in started.values():
             with contextlib.suppress(psutil.NoSuchProcess):
                 names.add(process.name())
-        if any("EngineCore" in name for name in names):
-            return started
+        if any("EngineCor" in name for name in names):  # comm keeps 15 characters
+            return list(started.values())
         if time.monotonic() > deadline:
             tail = command.output.read_text(errors="replace")[-3000:]
             pytest.fail(f"no engine core among {sorted(names)}; the command's output:\n{tail}")
