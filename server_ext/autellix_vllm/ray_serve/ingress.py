@@ -29,9 +29,8 @@ while it was held) its ticket is sent to ``ProgramDirectory.leave``, so that
 its seat goes to the next held call. A call held there goes with how long
 (``CallIdentity.router_wait_s``, as the router states it), so that the
 engine's starvation bound counts from when the call reached the gate.
-Leaves travel at once, batched by a
-background task: a request sent from a handler that Serve cancels (its client
-left) would be cancelled with it.
+Leaves travel at once, batched by a background task: a request sent from a
+handler that Serve cancels (its client left) would be cancelled with it.
 
 Failover: a call whose replica died, or whose engine could not take it,
 before any byte reached the client, is sent again (same body and call id) to
